@@ -1,0 +1,31 @@
+# The README's two commands. Each creates .venv when missing and installs shoal from this
+# project's own files, so a fresh machine needs nothing else.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install demo test lint bench
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	@test -d .demo/train || $(BIN)/shoal data synth binary --rows 200000 --seed 1 --out .demo/train
+	@test -d .demo/test || $(BIN)/shoal data synth binary --rows 20000 --seed 2 --out .demo/test
+	@rm -rf .demo/run
+	$(BIN)/shoal train examples/demo.toml --workers 2 --run-dir .demo/run
+
+test: install
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/epoch.py

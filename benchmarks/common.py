@@ -1,0 +1,79 @@
+"""What every benchmark shares: the machine's description, timing runs of shoal, dated results."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+
+import psutil
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+WORK = ROOT / "benchmarks" / "work"  # generated data and runs; ignored by git
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine() -> dict:
+    return {
+        "cores": len(os.sched_getaffinity(0)),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "cpu": cpu_model(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def machine_line(info: dict | None = None) -> str:
+    info = info or machine()
+    return (f"{info['cores']} cores, {info['memory_gib']} GiB, {info['cpu']}; "
+            f"torch {info['torch']}, Python {info['python']}")
+
+
+def hardware_tag(info: dict | None = None) -> str:
+    info = info or machine()
+    return f"{info['cores']}core-cpu"
+
+
+def write_result(name: str, markdown: str, data: dict) -> Path:
+    """benchmarks/results/<date>-<hardware>-<name>.md plus the raw numbers as JSON."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = f"{date.today().isoformat()}-{hardware_tag()}-{name}"
+    path = RESULTS / f"{stem}.md"
+    path.write_text(markdown)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(data, indent=1))
+    return path
+
+
+def shoal_train(job: Path, run_dir: Path, *arguments: str) -> list[dict]:
+    """Run `shoal train` and return its events."""
+    command = [sys.executable, "-m", "shoal", "train", str(job), "--run-dir", str(run_dir), *arguments,
+               "--set", "output.progress='none'"]
+    subprocess.run(command, check=True, cwd=ROOT)
+    with open(run_dir / "events.jsonl") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def epoch_seconds(events: list[dict], skip_first: bool = True) -> list[float]:
+    """Seconds of each epoch's training (evaluation excluded), the first dropped as warm-up."""
+    seconds = [e["seconds"] for e in events if e["event"] == "epoch_end"]
+    return seconds[1:] if skip_first and len(seconds) > 1 else seconds
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)

@@ -1,0 +1,90 @@
+"""The Python API: run a job from a notebook or script and get its model and metrics back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from shoal.config import JobConfig, from_dict, load_job
+from shoal.dist.env import cores
+from shoal.dist.launch import Nodes, launch
+from shoal.errors import ConfigError
+from shoal.train.artifacts import load_model
+from shoal.train.events import read_events
+from shoal.train.prepare import prepare
+
+
+@dataclass
+class FitResult:
+    """What a finished job gives back."""
+
+    metrics: dict
+    """Final test metrics (loss, accuracy, auc for two classes)."""
+    model: torch.nn.Module
+    """The trained model, in eval mode."""
+    run_dir: Path
+    """Where the job wrote its events, resolved job file and model."""
+    epochs: list[dict] = field(default_factory=list)
+    """The `epoch_end` records of events.jsonl."""
+
+
+def resolve_job(job: str | Path | JobConfig | dict, overrides=(), workers: int | None = None) -> JobConfig:
+    """A validated JobConfig from a file, a dict or a config object, with overrides applied."""
+    overrides = list(overrides)
+    if workers is not None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ConfigError(f"--workers: must be an integer >= 1, got {workers!r}")
+        overrides.append(f"cluster.workers={workers}")
+    if isinstance(job, JobConfig):
+        job = job.to_dict() | {"name": job.name}
+    if isinstance(job, dict):
+        from shoal.config import apply_overrides
+
+        return from_dict(apply_overrides(job, overrides), name=job.get("name", "job"))
+    return load_job(job, overrides)
+
+
+def new_run_dir(job: JobConfig, run_dir: str | Path | None) -> Path:
+    """The run directory: given, from the job file, or runs/<job>-<date>-<time>; never a used one."""
+    if run_dir is None and job.output.run_dir:
+        run_dir = job.output.run_dir
+    if run_dir is None:
+        base = Path("runs") / f"{job.name}-{datetime.now():%Y%m%d-%H%M%S}"
+        run_dir, number = base, 1
+        while run_dir.exists():
+            number += 1
+            run_dir = base.with_name(f"{base.name}-{number}")
+    run_dir = Path(run_dir)
+    if (run_dir / "events.jsonl").exists():
+        raise ConfigError(f"{run_dir}: already holds a run; choose another --run-dir")
+    return run_dir
+
+
+def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None) -> None:
+    """Check the job, write its resolved file into the run directory and run its workers."""
+    prepare(job)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job.output.run_dir = str(run_dir)
+    job_file = run_dir / "job.toml"
+    job_file.write_text(job.to_toml())
+    threads = job.cluster.threads or max(1, cores() // job.cluster.workers)
+    launch(job_file, run_dir, workers=job.cluster.workers, threads=threads, nodes=nodes)
+
+
+def fit(job: str | Path | JobConfig | dict, *, workers: int | None = None, run_dir: str | Path | None = None,
+        overrides=()) -> FitResult:
+    """Train a job (a job file, a dict shaped like one, or a JobConfig) and return its results."""
+    config = resolve_job(job, overrides, workers)
+    directory = new_run_dir(config, run_dir)
+    start(config, directory)
+    return result(directory)
+
+
+def result(run_dir: str | Path) -> FitResult:
+    events = list(read_events(run_dir))
+    end = next((e for e in reversed(events) if e["event"] == "job_end"), {})
+    return FitResult(metrics=end.get("test", {}), model=load_model(run_dir), run_dir=Path(run_dir),
+                     epochs=[e for e in events if e["event"] == "epoch_end"])

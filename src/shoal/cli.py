@@ -1,0 +1,125 @@
+"""The `shoal` command: argparse subcommands that map onto the Python API, no logic of their own."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from shoal.errors import EXIT_USAGE, ShoalError
+
+DESCRIPTION = "shoal: train one neural network across many commodity machines."
+
+
+def command_train(args: argparse.Namespace) -> int:
+    from shoal.api import new_run_dir, resolve_job, result, start
+    from shoal.dist.launch import Nodes
+
+    job = resolve_job(args.job, args.overrides, args.workers)
+    run_dir = new_run_dir(job, args.run_dir)
+    nodes = Nodes(count=args.nnodes, rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id,
+                  backend=args.rdzv_backend)
+    start(job, run_dir, nodes)
+    if (run_dir / "model.pt").exists():  # this node ran the coordinator
+        metrics = result(run_dir).metrics
+        print("final " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+def command_import(args: argparse.Namespace) -> int:
+    from shoal.data.importers import import_dataset
+
+    dataset = import_dataset(args.source, args.out, args.format, n_features=args.n_features, label=args.label,
+                             rows_per_file=args.rows_per_file, overwrite=args.force)
+    print(f"{args.out}: {dataset.rows:,} rows, sample shape {list(dataset.shape)}, classes {dataset.classes}")
+    return 0
+
+
+def command_synth(args: argparse.Namespace) -> int:
+    from shoal.data import synthetic
+
+    if args.rows < 1:
+        raise ShoalError(f"--rows: must be at least 1, got {args.rows}")
+    if args.kind == "binary":
+        dataset = synthetic.synth_binary(args.out, args.rows, features=args.features, seed=args.seed,
+                                         task_seed=args.task_seed, overwrite=args.force)
+    else:
+        dataset = synthetic.synth_digits(args.out, args.rows, seed=args.seed, task_seed=args.task_seed,
+                                         overwrite=args.force)
+    print(f"{args.out}: {dataset.rows:,} rows, sample shape {list(dataset.shape)}, classes {dataset.classes}")
+    return 0
+
+
+def command_predict(args: argparse.Namespace) -> int:
+    from shoal.train.artifacts import predict
+
+    rows = predict(args.run_dir, args.dataset, args.out)
+    print(f"{args.out}: {rows:,} predictions")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="shoal", description=DESCRIPTION)
+    commands = root.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train a job on N local workers (or one node of a cluster)")
+    train.add_argument("job", help="the job file (TOML)")
+    train.add_argument("--workers", type=int, help="worker processes on this machine (cluster.workers)")
+    train.add_argument("--run-dir", type=Path, help="where the job writes (default runs/<job>-<date>-<time>)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a job key, e.g. --set train.epochs=3 (repeatable)")
+    cluster = train.add_argument_group("multi-machine (torchrun's arguments)")
+    cluster.add_argument("--nnodes", type=int, default=1, help="machines in the job")
+    cluster.add_argument("--node-rank", type=int, help="this machine's rank (static rendezvous)")
+    cluster.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous (on a trusted network)")
+    cluster.add_argument("--rdzv-id", help="a job id shared by all machines")
+    cluster.add_argument("--rdzv-backend", choices=["c10d", "static"],
+                         help="default: static with --node-rank, else c10d")
+    train.set_defaults(handler=command_train)
+
+    data = commands.add_parser("data", help="datasets: import, synthesize").add_subparsers(dest="data_command",
+                                                                                         required=True)
+    importer = data.add_parser("import", help="convert a file into a shoal dataset folder")
+    importer.add_argument("source", help="the input file")
+    importer.add_argument("out", help="the dataset folder to create")
+    importer.add_argument("--format", required=True, choices=["libsvm", "csv", "npy"])
+    importer.add_argument("--n-features", type=int, help="feature count (LIBSVM files may not show the last ones)")
+    importer.add_argument("--label", help="label column (csv: name or index; npy: the labels .npy file)")
+    importer.add_argument("--rows-per-file", type=int, default=1_000_000, help="rows per Parquet file")
+    importer.add_argument("--force", action="store_true", help="replace an existing output folder")
+    importer.set_defaults(handler=command_import)
+
+    synth = data.add_parser("synth", help="generate a synthetic dataset")
+    synth.add_argument("kind", choices=["binary", "digits"],
+                       help="binary: a learnable two-class task; digits: MNIST-shaped 28x28 images")
+    synth.add_argument("--rows", type=int, required=True)
+    synth.add_argument("--out", required=True, help="the dataset folder to create")
+    synth.add_argument("--features", type=int, default=32, help="features (binary only)")
+    synth.add_argument("--seed", type=int, default=0, help="draws the rows")
+    synth.add_argument("--task-seed", type=int, default=0, help="fixes the task: train and test sets share it")
+    synth.add_argument("--force", action="store_true", help="replace an existing output folder")
+    synth.set_defaults(handler=command_synth)
+
+    predict = commands.add_parser("predict", help="predict a dataset with a trained run's model")
+    predict.add_argument("run_dir", help="a finished run directory")
+    predict.add_argument("dataset", help="a dataset folder")
+    predict.add_argument("--out", required=True, help="output file (.parquet or .csv)")
+    predict.set_defaults(handler=command_predict)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ShoalError as error:
+        print(f"shoal: error: {error}", file=sys.stderr)
+        return getattr(error, "exit_code", EXIT_USAGE)
+    except KeyboardInterrupt:
+        print("shoal: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Job files: TOML in, typed and validated dataclasses out.
+
+A job file has the sections model, data, algorithm, train, cluster and output. Every key is
+checked here, before any process starts, and a problem is reported as one line that names the
+file and the key (`job.toml: train.epochs: must be an integer >= 1, got 0`). Any key can be
+overridden with `section.key=value`, the value written as in TOML.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from shoal.errors import ConfigError
+
+PROGRESS_MODES = ("auto", "bar", "lines", "none")
+DEVICES = ("auto", "cpu", "cuda")
+LOSSES = ("cross_entropy", "binary_cross_entropy", "mse")
+
+
+@dataclass
+class ModelConfig:
+    input: list[int] | None = None
+    """Shape of one sample, e.g. [123] or [28, 28]; defaults to the training set's sample shape."""
+    layers: list[dict] | None = None
+    """Layer list, e.g. [{dense = 100, activation = "relu"}, {dropout = 0.5}, {dense = 2}]."""
+    factory: str | None = None
+    """Instead of layers: "package.module:function" returning a torch.nn.Module."""
+    arguments: dict = field(default_factory=dict)
+    """Keyword arguments passed to the factory."""
+
+    def __post_init__(self) -> None:
+        if (self.layers is None) == (self.factory is None):
+            raise ConfigError("model: give exactly one of 'model.layers' and 'model.factory'")
+        if self.input is not None and (not self.input or any(not isinstance(s, int) or s < 1 for s in self.input)):
+            raise ConfigError(f"model.input: must be a list of positive integers, got {self.input}")
+        if self.factory is not None and ":" not in self.factory:
+            raise ConfigError(f"model.factory: must look like 'package.module:function', got {self.factory!r}")
+
+
+@dataclass
+class DataConfig:
+    train: str = ""
+    """Training dataset folder (or URI), as written by 'shoal data import'."""
+    test: str | None = None
+    """Held-out dataset evaluated by the coordinator; same sample shape and classes as train."""
+
+    def __post_init__(self) -> None:
+        if not self.train:
+            raise ConfigError("data.train: required: the training dataset folder")
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "sync"
+    """How workers combine their work: 'sync' or 'averaging' (see the README)."""
+    options: dict = field(default_factory=dict)
+    """The algorithm's own keys (e.g. period), validated by the algorithm."""
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 1
+    """Passes over the training set."""
+    batch_size: int = 32
+    """Rows per step on each worker."""
+    optimizer: dict = field(default_factory=lambda: {"name": "sgd", "lr": 0.01})
+    """A torch.optim optimizer by lowercase name, with its keyword arguments."""
+    loss: str = "cross_entropy"
+    """cross_entropy (class logits), binary_cross_entropy (one logit) or mse."""
+    seed: int = 0
+    """Seeds model initialisation, shuffling and dropout: the same seed gives the same run."""
+    eval_every: int = 1
+    """Evaluate on the test set every this many epochs (and always after the last)."""
+    shuffle: bool = True
+    """Shuffle each worker's rows every epoch."""
+
+    def __post_init__(self) -> None:
+        _at_least("train.epochs", self.epochs, 1)
+        _at_least("train.batch_size", self.batch_size, 1)
+        _at_least("train.eval_every", self.eval_every, 1)
+        _at_least("train.seed", self.seed, 0)
+        if self.loss not in LOSSES:
+            raise ConfigError(f"train.loss: unknown loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
+        if not isinstance(self.optimizer.get("name"), str):
+            raise ConfigError("train.optimizer.name: required, e.g. optimizer = { name = \"adam\", lr = 0.001 }")
+
+
+@dataclass
+class ClusterConfig:
+    workers: int = 1
+    """Worker processes on this machine (per node on a cluster)."""
+    threads: int = 0
+    """Compute threads per worker; 0 means cores / workers."""
+    device: str = "auto"
+    """cpu, cuda, or auto (cuda when present); cuda uses NCCL, cpu gloo."""
+    timeout: float = 300.0
+    """Seconds any collective may wait before the job fails."""
+
+    def __post_init__(self) -> None:
+        _at_least("cluster.workers", self.workers, 1)
+        _at_least("cluster.threads", self.threads, 0)
+        if self.device not in DEVICES:
+            raise ConfigError(f"cluster.device: must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if not (math.isfinite(self.timeout) and self.timeout > 0):
+            raise ConfigError(f"cluster.timeout: must be > 0 seconds, got {self.timeout}")
+
+
+@dataclass
+class OutputConfig:
+    run_dir: str | None = None
+    """Run directory; default runs/<job name>-<date>-<time>."""
+    progress: str = "auto"
+    """auto (a bar on a terminal, lines otherwise), bar, lines or none."""
+
+    def __post_init__(self) -> None:
+        if self.progress not in PROGRESS_MODES:
+            raise ConfigError(f"output.progress: must be one of {', '.join(PROGRESS_MODES)}, got {self.progress!r}")
+
+
+@dataclass
+class JobConfig:
+    model: ModelConfig
+    data: DataConfig
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    name: str = "job"
+    """The job's name (the job file's stem), used for the default run directory."""
+
+    def to_dict(self) -> dict:
+        """Plain data, with None left out (TOML has no null) and algorithm options flattened."""
+        raw = _drop_none(dataclasses.asdict(self))
+        algorithm = raw.pop("algorithm")
+        raw["algorithm"] = {"name": algorithm["name"], **algorithm.get("options", {})}
+        return raw
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+
+def _at_least(key: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{key}: must be an integer >= {minimum}, got {value!r}")
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+def _matches(value: Any, annotation: Any) -> bool:
+    """Whether a TOML value fits a field's annotation (int is accepted for float)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arm) for arm in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if origin is list or annotation is list:
+        if not isinstance(value, list):
+            return False
+        (item,) = typing.get_args(annotation) or (Any,)
+        return all(_matches(v, item) for v in value)
+    if origin is dict or annotation is dict:
+        return isinstance(value, dict)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is Any:
+        return True
+    return isinstance(value, annotation)
+
+
+def _type_name(annotation: Any) -> str:
+    return str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def _unknown(key: str, known: typing.Iterable[str]) -> ConfigError:
+    section, _, leaf = key.rpartition(".")
+    close = difflib.get_close_matches(leaf, list(known), n=1)
+    hint = f" (did you mean '{section + '.' if section else ''}{close[0]}'?)" if close else ""
+    return ConfigError(f"{key}: unknown key{hint}")
+
+
+def _build(cls: type, table: dict, prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {}
+    for key, value in table.items():
+        if key not in names:
+            raise _unknown(f"{prefix}{key}", names)
+        annotation = hints[key]
+        if dataclasses.is_dataclass(annotation):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{prefix}{key}: must be a table")
+            values[key] = _build(annotation, value, f"{prefix}{key}.")
+        elif not _matches(value, annotation):
+            raise ConfigError(f"{prefix}{key}: expected {_type_name(annotation)}, got {value!r}")
+        else:
+            values[key] = value
+    try:
+        return cls(**values)
+    except TypeError as error:  # a required section is missing
+        missing = str(error).rsplit(":", 1)[-1].strip().strip("'")
+        raise ConfigError(f"{prefix}{missing}: required section is missing") from None
+
+
+def _section_fields() -> dict[str, type]:
+    return {name: kind for name, kind in typing.get_type_hints(JobConfig).items() if dataclasses.is_dataclass(kind)}
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`section.key=value` -> (path, value); the value is read as TOML, else kept as a string."""
+    key, equals, raw = text.partition("=")
+    if not equals or not key.strip():
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(raw: dict, overrides: typing.Iterable[str]) -> dict:
+    """Set each `section.key=value` in a raw job table (a copy is returned)."""
+    raw = copy.deepcopy(raw)
+    for text in overrides:
+        path, value = parse_override(text)
+        if path[:2] == ["train", "optimizer"] and len(path) > 2 and "optimizer" not in raw.get("train", {}):
+            raw.setdefault("train", {})["optimizer"] = TrainConfig().optimizer  # override the default's keys
+        table = raw
+        for part in path[:-1]:
+            table = table.setdefault(part, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"--set {text!r}: '{part}' is not a table")
+        table[path[-1]] = value
+    return raw
+
+
+def from_dict(raw: dict, name: str = "job") -> JobConfig:
+    """Build and validate a job from plain data (the parsed TOML)."""
+    from shoal.algorithms import algorithm_class
+
+    raw = dict(raw)
+    algorithm_table = raw.pop("algorithm", {})
+    if not isinstance(algorithm_table, dict):
+        raise ConfigError(f"algorithm: must be a table such as {{ name = \"sync\" }}, got {algorithm_table!r}")
+    algorithm_table = dict(algorithm_table)
+    name = raw.pop("name", name)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"name: must be a non-empty string, got {name!r}")
+    sections = _section_fields()
+    for key in raw:
+        if key not in sections:
+            raise _unknown(key, [*sections, "algorithm"])
+    for required in ("model", "data"):
+        if required not in raw:
+            raise ConfigError(f"{required}: required section is missing")
+    job = _build(JobConfig, raw, "")
+    algorithm_name = algorithm_table.pop("name", "sync")
+    if not isinstance(algorithm_name, str):
+        raise ConfigError(f"algorithm.name: expected a string, got {algorithm_name!r}")
+    cls = algorithm_class(algorithm_name)
+    options = _build(cls.Options, algorithm_table, "algorithm.")
+    job.algorithm = AlgorithmConfig(name=algorithm_name, options=dataclasses.asdict(options))
+    job.name = name
+    return job
+
+
+def load_job(path: str | Path, overrides: typing.Iterable[str] = ()) -> JobConfig:
+    """Read a TOML job file, apply overrides, validate; errors name the file and key."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: job file not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot read job file: {error}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: invalid TOML: {error}") from None
+    raw = apply_overrides(raw, overrides)
+    try:
+        job = from_dict(raw, name=path.stem)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+    _resolve_paths(job, path.parent)
+    return job
+
+
+def _resolve_paths(job: JobConfig, base: Path) -> None:
+    """Dataset paths in a job file are relative to the current directory, else to the file."""
+    for key in ("train", "test"):
+        value = getattr(job.data, key)
+        if value and "://" not in value and not Path(value).is_absolute() and not Path(value).exists():
+            candidate = base / value
+            if candidate.exists():
+                setattr(job.data, key, str(candidate))

@@ -1,0 +1,332 @@
+"""The dataset folder format: Parquet files plus `meta.json`.
+
+A dataset is a folder (local path or any URI pyarrow's filesystems open) holding
+`part-NNNNN.parquet` files with two columns, `features` (a fixed-size list of the flattened
+sample, in its own dtype: uint8 images stay uint8) and `label` (the label as it appeared in
+the source), and a `meta.json` that records rows, sample shape, dtypes, classes and the row
+count of every file and row group. The row counts let each worker open only the row groups
+that hold its rows. Writers build the folder under a temporary name and rename it at the end,
+so an interrupted write leaves no dataset behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from shoal.errors import DataError
+
+FORMAT_NAME = "shoal.dataset"
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+MAX_CLASSES = 10_000
+
+
+def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem and in-filesystem path for a local path or a URI."""
+    if "://" in path:
+        try:
+            return pafs.FileSystem.from_uri(path)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as error:
+            raise DataError(f"{path}: cannot open dataset store: {error}") from None
+    return pafs.LocalFileSystem(), os.path.abspath(path)
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One Parquet file of a dataset and the row counts of its row groups."""
+
+    name: str
+    rows: int
+    row_groups: tuple[int, ...]
+
+
+class Dataset:
+    """An opened dataset: its metadata, and reads of any row range."""
+
+    def __init__(self, path: str, meta: dict[str, Any]):
+        self.path = path
+        self.meta = meta
+        self.rows: int = meta["rows"]
+        self.shape: tuple[int, ...] = tuple(meta["shape"])
+        self.features: int = math.prod(self.shape)
+        self.feature_dtype = np.dtype(meta["feature_dtype"])
+        self.classes: list | None = meta.get("classes")
+        self.feature_names: list[str] | None = meta.get("feature_names")
+        self.files = [FileInfo(f["name"], f["rows"], tuple(f["row_groups"])) for f in meta["files"]]
+        self._filesystem, self._root = _filesystem(path)
+        self.opened: list[tuple[str, int]] = []  # (file, row group) pairs read, for tests and stats
+
+    @property
+    def num_classes(self) -> int | None:
+        return None if self.classes is None else len(self.classes)
+
+    def schema_key(self) -> tuple:
+        """What two datasets must share to be used together as train and test sets."""
+        return (self.shape, str(self.feature_dtype), self.classes)
+
+    def label_indices(self, labels: np.ndarray, where: str) -> np.ndarray:
+        """Map raw labels to class indices 0..K-1; a label outside the classes is an error."""
+        if self.classes is None:
+            return labels.astype(np.float32)
+        classes = np.asarray(self.classes)
+        index = np.searchsorted(classes, labels)
+        index = np.clip(index, 0, len(classes) - 1)
+        bad = classes[index] != labels
+        if bad.any():
+            label = labels[bad][0]
+            label = label.item() if hasattr(label, "item") else label
+            raise DataError(f"{where}: label {label!r} is not one of the classes {self.classes}")
+        return index.astype(np.int64)
+
+    def read_rows(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Features (stop-start, *shape) in their stored dtype and class indices of rows [start, stop)."""
+        if not 0 <= start <= stop <= self.rows:
+            raise ValueError(f"row range [{start}, {stop}) outside 0..{self.rows}")
+        features = np.empty((stop - start, *self.shape), dtype=self.feature_dtype)
+        flat = features.reshape(stop - start, self.features)
+        labels: list[np.ndarray] = []
+        offset = 0  # first row of the current row group, dataset-wide
+        for info in self.files:
+            if offset + info.rows <= start or offset >= stop:
+                offset += info.rows
+                continue
+            file_path = f"{self._root}/{info.name}"
+            try:
+                with self._filesystem.open_input_file(file_path) as handle:
+                    parquet = pq.ParquetFile(handle)
+                    for group, group_rows in enumerate(info.row_groups):
+                        lo, hi = max(start, offset), min(stop, offset + group_rows)
+                        if lo < hi:
+                            table = parquet.read_row_group(group, columns=["features", "label"])
+                            self.opened.append((info.name, group))
+                            values = table.column("features").combine_chunks().flatten()
+                            block = values.to_numpy(zero_copy_only=False).reshape(group_rows, self.features)
+                            flat[lo - start : hi - start] = block[lo - offset : hi - offset]
+                            label = table.column("label").to_numpy(zero_copy_only=False)
+                            labels.append(label[lo - offset : hi - offset])
+                        offset += group_rows
+            except (OSError, pa.ArrowException, ValueError) as error:
+                raise DataError(f"{self.path}/{info.name}: cannot read Parquet file: {error}") from None
+        raw = np.concatenate(labels) if labels else np.empty(0)
+        return features, self.label_indices(raw, f"{self.path}")
+
+    def read_all(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.read_rows(0, self.rows)
+
+
+def open_dataset(path: str) -> Dataset:
+    """Open a dataset folder, checking `meta.json`; errors name the file at fault."""
+    path = str(path)
+    filesystem, root = _filesystem(path)
+    meta_path = f"{root}/{META_FILE}"
+    info = filesystem.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        raise DataError(f"{path}: dataset not found")
+    if info.type != pafs.FileType.Directory:
+        raise DataError(f"{path}: not a dataset folder (import data with 'shoal data import')")
+    try:
+        with filesystem.open_input_stream(meta_path) as stream:
+            meta = json.loads(stream.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{path}/{META_FILE}: missing (import data with 'shoal data import')") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"{path}/{META_FILE}: corrupt: {error}") from None
+    _check_meta(meta, f"{path}/{META_FILE}")
+    return Dataset(path, meta)
+
+
+def _check_meta(meta: Any, where: str) -> None:
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise DataError(f"{where}: not a shoal dataset description")
+    if meta.get("version") != FORMAT_VERSION:
+        raise DataError(f"{where}: unsupported format version {meta.get('version')!r}")
+    for key, kind in (("rows", int), ("shape", list), ("feature_dtype", str), ("files", list)):
+        if not isinstance(meta.get(key), kind):
+            raise DataError(f"{where}: key '{key}' missing or not a {kind.__name__}")
+    if meta["rows"] <= 0:
+        raise DataError(f"{where}: the dataset is empty")
+    if sum(f.get("rows", 0) for f in meta["files"]) != meta["rows"]:
+        raise DataError(f"{where}: file row counts do not add up to 'rows'")
+    for entry in meta["files"]:
+        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("rows"), int)
+                and isinstance(entry.get("row_groups"), list)):
+            raise DataError(f"{where}: each file entry needs 'name', 'rows' and 'row_groups'")
+        if sum(entry.get("row_groups", [])) != entry.get("rows"):
+            raise DataError(f"{where}: row groups of {entry.get('name')!r} do not add up to its rows")
+
+
+class DatasetWriter:
+    """Streams batches of rows into a new dataset folder, made visible only by `close()`.
+
+    Use as a context manager: leaving the block with an exception removes the temporary folder,
+    so a failed import leaves nothing behind.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        shape: tuple[int, ...],
+        feature_dtype: np.dtype | str,
+        *,
+        rows_per_file: int = 1_000_000,
+        row_group_size: int = 65_536,
+        classification: bool = True,
+        feature_names: list[str] | None = None,
+        extra_meta: dict[str, Any] | None = None,
+        overwrite: bool = False,
+    ):
+        if "://" in str(path):
+            raise DataError(f"{path}: datasets are written to local folders (copy the folder to the store after)")
+        self.path = os.path.abspath(path)
+        if os.path.exists(self.path) and not overwrite:
+            raise DataError(f"{path}: already exists (choose another output folder)")
+        self.shape = tuple(int(s) for s in shape)
+        self.features = math.prod(self.shape)
+        self.feature_dtype = np.dtype(feature_dtype)
+        self.rows_per_file = rows_per_file
+        self.row_group_size = row_group_size
+        self.classification = classification
+        self.feature_names = feature_names
+        self.extra_meta = extra_meta or {}
+        self.overwrite = overwrite
+        parent = os.path.dirname(self.path)
+        os.makedirs(parent, exist_ok=True)
+        self._temporary = os.path.join(parent, f".{os.path.basename(self.path)}.{uuid.uuid4().hex[:8]}.tmp")
+        os.makedirs(self._temporary)
+        self._files: list[dict[str, Any]] = []
+        self._writer: pq.ParquetWriter | None = None
+        self._file_rows = 0
+        self._row_groups: list[int] = []
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self._pending_rows = 0
+        self._labels: set = set()
+        self._label_kind: str | None = None
+        self.rows = 0
+        self._list_type = pa.list_(pa.from_numpy_dtype(self.feature_dtype), self.features)
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+
+    def write(self, features: np.ndarray, labels: np.ndarray) -> None:
+        """Append rows: features (n, *shape) or (n, prod(shape)), labels (n,)."""
+        features = np.ascontiguousarray(features, dtype=self.feature_dtype).reshape(len(features), self.features)
+        labels = np.asarray(labels)
+        if len(labels) != len(features):
+            raise ValueError("features and labels differ in length")
+        if self.classification:
+            self._track_labels(labels)
+        self._pending.append((features, labels))
+        self._pending_rows += len(features)
+        while self._pending_rows >= self._group_target():
+            self._flush_group(self._group_target())
+
+    def _group_target(self) -> int:
+        return min(self.row_group_size, self.rows_per_file - self._file_rows)
+
+    def _track_labels(self, labels: np.ndarray) -> None:
+        kind = "string" if labels.dtype.kind in "USO" else ("int" if labels.dtype.kind in "iub" else "float")
+        if kind == "float" and len(labels) and not np.all(np.isfinite(labels) & (labels == np.round(labels))):
+            if self._label_kind == "int" and self.rows:
+                raise DataError(f"{self.path}: labels are whole numbers in the first {self.rows:,} rows, "
+                                "fractional later: write a regression target with a decimal point throughout")
+            self.classification = False  # non-integer numbers: a regression target, not classes
+            self._labels.clear()
+            return
+        if self._label_kind not in (None, kind) and "string" in (self._label_kind, kind):
+            raise DataError(f"{self.path}: labels mix text and numbers")
+        self._label_kind = kind if self._label_kind in (None, kind) else "float"
+        self._labels.update(np.unique(labels).tolist())
+        if len(self._labels) > MAX_CLASSES:
+            raise DataError(f"{self.path}: more than {MAX_CLASSES} distinct labels; is the label column right?")
+
+    def _flush_group(self, count: int) -> None:
+        taken_features, taken_labels, need = [], [], count
+        while need:
+            features, labels = self._pending[0]
+            if len(features) <= need:
+                self._pending.pop(0)
+            else:
+                self._pending[0] = (features[need:], labels[need:])
+                features, labels = features[:need], labels[:need]
+            taken_features.append(features)
+            taken_labels.append(labels)
+            need -= len(features)
+        self._pending_rows -= count
+        features = np.concatenate(taken_features)
+        labels = np.concatenate(taken_labels)
+        if labels.dtype.kind == "O":
+            labels = labels.astype(str)
+        values = pa.array(features.reshape(-1))
+        rows = pa.FixedSizeListArray.from_arrays(values, self.features)
+        table = pa.table({"features": rows, "label": pa.array(labels)})
+        if self._writer is None:
+            name = f"part-{len(self._files):05d}.parquet"
+            self._writer = pq.ParquetWriter(os.path.join(self._temporary, name), table.schema)
+            self._files.append({"name": name})
+        elif not table.schema.equals(self._writer.schema):
+            table = table.cast(self._writer.schema)
+        self._writer.write_table(table, row_group_size=count)
+        self._row_groups.append(count)
+        self._file_rows += count
+        self.rows += count
+        if self._file_rows >= self.rows_per_file:
+            self._close_file()
+
+    def _close_file(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._files[-1].update(rows=self._file_rows, row_groups=self._row_groups)
+            self._writer, self._file_rows, self._row_groups = None, 0, []
+
+    def close(self) -> None:
+        """Write the remaining rows and `meta.json`, then rename the folder into place."""
+        while self._pending_rows:
+            self._flush_group(min(self._pending_rows, self._group_target()))
+        self._close_file()
+        if self.rows == 0:
+            self.abort()
+            raise DataError(f"{self.path}: no rows to write: the source is empty")
+        classes = sorted(self._labels) if self.classification else None
+        meta = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "rows": self.rows,
+            "shape": list(self.shape),
+            "feature_dtype": self.feature_dtype.name,
+            "classes": classes,
+            "feature_names": self.feature_names,
+            "files": self._files,
+            **self.extra_meta,
+        }
+        with open(os.path.join(self._temporary, META_FILE), "w") as handle:
+            json.dump(meta, handle, indent=1)
+        if os.path.exists(self.path):
+            if not self.overwrite:
+                self.abort()
+                raise DataError(f"{self.path}: already exists (choose another output folder)")
+            shutil.rmtree(self.path)
+        os.rename(self._temporary, self.path)
+
+    def abort(self) -> None:
+        """Drop everything written so far."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        shutil.rmtree(self._temporary, ignore_errors=True)

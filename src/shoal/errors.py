@@ -1,0 +1,24 @@
+"""The user-facing error family.
+
+Anything a user can fix (a bad job file, a missing dataset, a malformed input line) raises a
+`ShoalError`; the command line prints its one-line message and exits with status 2, without a
+traceback. Everything else is a bug or an environment failure and keeps its traceback.
+"""
+
+EXIT_USAGE = 2
+
+
+class ShoalError(Exception):
+    """A problem with the user's input, described in one line that names the culprit."""
+
+
+class ConfigError(ShoalError):
+    """A job file or override names an unknown key or holds a bad value."""
+
+
+class DataError(ShoalError):
+    """A dataset or an import source is missing, malformed or inconsistent."""
+
+
+class WorkerError(ShoalError):
+    """A worker process of a job failed; the message names its rank and host."""

@@ -1,0 +1,222 @@
+"""Models from a layer list (TOML/JSON data) or from an explicit `package.module:function`.
+
+A spec is plain data: `{"input": [123], "layers": [{"dense": 100, "activation": "relu"}, ...]}`
+or `{"input": [...], "factory": "pkg.mod:fn", "arguments": {...}}`. The same spec is saved
+with the trained weights so `load_model` can rebuild the module. Code is imported only through
+an explicit factory; a layer list never executes anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import math
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from shoal.errors import ConfigError
+
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU,
+    "sigmoid": nn.Sigmoid,
+    "tanh": nn.Tanh,
+    "gelu": nn.GELU,
+    "elu": nn.ELU,
+    "silu": nn.SiLU,
+    "leaky_relu": nn.LeakyReLU,
+    "softmax": lambda: nn.Softmax(dim=-1),
+    "log_softmax": lambda: nn.LogSoftmax(dim=-1),
+    "linear": nn.Identity,
+}
+
+
+class LastOutput(nn.Module):
+    """An LSTM over (sequence, features) input that returns the last time step's output."""
+
+    def __init__(self, features: int, hidden: int, layers: int):
+        super().__init__()
+        self.lstm = nn.LSTM(features, hidden, num_layers=layers, batch_first=True)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        outputs, _ = self.lstm(inputs)
+        return outputs[:, -1]
+
+
+class Reshape(nn.Module):
+    """Reshape each sample (the batch dimension is kept)."""
+
+    def __init__(self, shape: list[int]):
+        super().__init__()
+        self.shape = tuple(shape)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return inputs.reshape(inputs.shape[0], *self.shape)
+
+
+def _options(layer: dict, where: str, allowed: set[str]) -> None:
+    for key in layer:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{where}: unknown option '{key}'{hint}")
+
+
+def _positive(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where}: must be a positive integer, got {value!r}")
+    return value
+
+
+def _check_option_values(layer: dict, where: str) -> None:
+    """Option values are checked here so that torch never sees a bad one."""
+    for key in ("kernel", "stride", "layers"):
+        if key in layer:
+            _positive(layer[key], f"{where}.{key}")
+    if "padding" in layer and (isinstance(layer["padding"], bool) or not isinstance(layer["padding"], int)
+                               or layer["padding"] < 0):
+        raise ConfigError(f"{where}.padding: must be an integer >= 0, got {layer['padding']!r}")
+    if "bias" in layer and not isinstance(layer["bias"], bool):
+        raise ConfigError(f"{where}.bias: must be true or false, got {layer['bias']!r}")
+    shape = layer.get("reshape", [1])
+    if not isinstance(shape, list) or not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
+                                                        for s in shape):
+        raise ConfigError(f"{where}.reshape: must be a list of positive integers, got {layer['reshape']!r}")
+
+
+def _activation(name: Any, where: str) -> nn.Module:
+    if name not in ACTIVATIONS:
+        raise ConfigError(f"{where}: unknown activation {name!r}; choose one of {', '.join(ACTIVATIONS)}")
+    return ACTIVATIONS[name]()
+
+
+def _layer(layer: dict, shape: tuple[int, ...], where: str) -> list[nn.Module]:
+    """The modules for one layer entry, given the shape of one input sample."""
+    # 'activation' is a layer of its own, or an option of another layer
+    kinds = [k for k in LAYER_KINDS if k in layer and k != "activation"] or [k for k in ("activation",) if k in layer]
+    if len(kinds) != 1:
+        known = ", ".join(LAYER_KINDS)
+        keys = ", ".join(layer) or "nothing"
+        close = [c for key in layer for c in difflib.get_close_matches(key, list(LAYER_KINDS), n=1)]
+        hint = f" (did you mean '{close[0]}'?)" if close and not kinds else ""
+        raise ConfigError(f"{where}: each layer needs exactly one kind ({known}); got {keys}{hint}")
+    kind = kinds[0]
+    _options(layer, where, {kind} | LAYER_KINDS[kind])
+    _check_option_values(layer, where)
+    value = layer[kind]
+    modules: list[nn.Module] = []
+    if kind == "dense":
+        if len(shape) > 1:
+            modules.append(nn.Flatten())
+        modules.append(nn.Linear(math.prod(shape), _positive(value, f"{where}.dense"), bias=layer.get("bias", True)))
+    elif kind == "dropout":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ConfigError(f"{where}.dropout: must be a probability in [0, 1), got {value!r}")
+        modules.append(nn.Dropout(value))
+    elif kind == "activation":
+        modules.append(_activation(value, f"{where}.activation"))
+    elif kind == "conv2d":
+        if len(shape) == 2:
+            modules.append(Reshape([1, *shape]))  # a grey image: one channel
+            shape = (1, *shape)
+        if len(shape) != 3:
+            raise ConfigError(f"{where}: conv2d needs (channels, height, width) input, got {list(shape)}")
+        modules.append(
+            nn.Conv2d(
+                shape[0],
+                _positive(value, f"{where}.conv2d"),
+                kernel_size=layer.get("kernel", 3),
+                stride=layer.get("stride", 1),
+                padding=layer.get("padding", 0),
+            )
+        )
+    elif kind == "maxpool":
+        modules.append(nn.MaxPool2d(_positive(value, f"{where}.maxpool"), stride=layer.get("stride")))
+    elif kind == "flatten":
+        modules.append(nn.Flatten())
+    elif kind == "batchnorm":
+        modules.append(nn.BatchNorm1d(shape[0]) if len(shape) in (1, 2) else nn.BatchNorm2d(shape[0]))
+    elif kind == "lstm":
+        if len(shape) != 2:
+            raise ConfigError(f"{where}: lstm needs (sequence, features) input, got {list(shape)}")
+        modules.append(LastOutput(shape[1], _positive(value, f"{where}.lstm"), layer.get("layers", 1)))
+    elif kind == "reshape":
+        if not isinstance(value, list) or math.prod(value) != math.prod(shape):
+            raise ConfigError(f"{where}.reshape: {value!r} does not hold {math.prod(shape)} values")
+        modules.append(Reshape(value))
+    if "activation" in layer and kind != "activation":
+        modules.append(_activation(layer["activation"], f"{where}.activation"))
+    return modules
+
+
+LAYER_KINDS: dict[str, set[str]] = {
+    "dense": {"activation", "bias"},
+    "dropout": set(),
+    "activation": set(),
+    "conv2d": {"kernel", "stride", "padding", "activation"},
+    "maxpool": {"stride"},
+    "flatten": set(),
+    "batchnorm": set(),
+    "lstm": {"layers"},
+    "reshape": set(),
+}
+
+
+def _output_shape(modules: list[nn.Module], shape: tuple[int, ...], where: str) -> tuple[int, ...]:
+    probe = nn.Sequential(*modules).eval()
+    try:
+        with torch.no_grad():
+            return tuple(probe(torch.zeros(2, *shape)).shape[1:])
+    except RuntimeError as error:
+        reason = str(error).strip().splitlines()[0][:200]
+        raise ConfigError(f"{where}: does not fit input shape {list(shape)}: {reason}") from None
+
+
+def from_layers(input_shape: list[int], layers: list[dict]) -> nn.Sequential:
+    """A Sequential model from a layer list, checking each layer against the running shape."""
+    shape = tuple(input_shape)
+    modules: list[nn.Module] = []
+    for index, layer in enumerate(layers):
+        where = f"model.layers[{index}]"
+        if not isinstance(layer, dict):
+            raise ConfigError(f"{where}: must be a table such as {{ dense = 10 }}, got {layer!r}")
+        added = _layer(layer, shape, where)
+        shape = _output_shape(added, shape, where)
+        modules.extend(added)
+    if not modules:
+        raise ConfigError("model.layers: empty")
+    return nn.Sequential(*modules)
+
+
+def from_factory(factory: str, arguments: dict) -> nn.Module:
+    """Import `package.module:function` and call it with the arguments."""
+    module_name, _, function_name = factory.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the user's own modules, as `python -m` would find them
+    try:
+        function = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as error:
+        raise ConfigError(f"model.factory: cannot import {factory!r}: {error}") from None
+    try:
+        model = function(**arguments)
+    except TypeError as error:  # arguments the factory does not take
+        raise ConfigError(f"model.arguments: {factory!r} refused them: {error}") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model.factory: {factory!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def build_model(spec: dict) -> nn.Module:
+    """A fresh module from a spec (see the module docstring)."""
+    if spec.get("factory"):
+        return from_factory(spec["factory"], spec.get("arguments", {}))
+    return from_layers(spec["input"], spec["layers"])
+
+
+def output_shape(model: nn.Module, input_shape: list[int]) -> tuple[int, ...]:
+    """Shape of one sample's output, found by running a probe batch."""
+    return _output_shape([model], tuple(input_shape), "model")

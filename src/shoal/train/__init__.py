@@ -1,0 +1,1 @@
+"""Training: the loop, evaluation, the job runner, events, progress and saved models."""

@@ -1,0 +1,53 @@
+"""What the coordinator shows while a job runs: a bar on a terminal, plain lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+
+from tqdm import tqdm
+
+
+def _format_metrics(values: dict) -> str:
+    return "  ".join(f"{key} {value:.4f}" for key, value in values.items())
+
+
+class Progress:
+    """Per-step bar (terminal) or one line per epoch (logs), on rank 0 only."""
+
+    def __init__(self, mode: str, epochs: int, steps: int, enabled: bool, stream=None):
+        self.stream = stream or sys.stdout
+        if mode == "auto":
+            mode = "bar" if self.stream.isatty() else "lines"
+        self.mode = mode if enabled else "none"
+        self.epochs, self.steps = epochs, steps
+        self.bar: tqdm | None = None
+
+    def start_epoch(self, epoch: int) -> None:
+        if self.mode == "bar":
+            self.bar = tqdm(total=self.steps, desc=f"epoch {epoch + 1}/{self.epochs}", unit="step",
+                            file=self.stream, leave=True, dynamic_ncols=True)
+
+    def step(self, loss: float) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            if self.bar.n % 20 == 0 or self.bar.n == self.steps:
+                self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+
+    def end_epoch(self, epoch: int, record: dict) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if self.mode == "none":
+            return
+        split = record["seconds_split"]
+        line = (
+            f"epoch {epoch + 1}/{self.epochs}  train_loss {record['train_loss']:.4f}  "
+            f"{_format_metrics(record.get('test', {}))}  {record['samples_per_second']:,.0f} samples/s  "
+            f"[compute {split['compute']:.2f}s  communication {split['communication']:.2f}s  "
+            f"data {split['data']:.2f}s  evaluation {split['evaluation']:.2f}s]"
+        )
+        print(line.replace("    ", "  "), file=self.stream, flush=True)
+
+    def message(self, text: str) -> None:
+        if self.mode != "none":
+            print(text, file=self.stream, flush=True)

@@ -1,0 +1,76 @@
+"""The worker entry point that every process of a job runs (SPMD).
+
+`shoal train` starts it through torch's elastic launcher; users of torchrun, srun or mpirun
+start it directly: `torchrun --nproc-per-node 4 -m shoal.worker job.toml`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+from shoal.api import new_run_dir
+from shoal.config import JobConfig, load_job
+from shoal.dist.collectives import Communicator
+from shoal.dist.env import DistInfo, choose_device, cores, get_dist_info, init_process_group
+from shoal.errors import EXIT_USAGE, ShoalError
+from shoal.train.run import run_worker
+
+
+def thread_count(job: JobConfig, info: DistInfo) -> int:
+    """cluster.threads, or this machine's cores shared evenly among its workers."""
+    return job.cluster.threads or max(1, cores() // info.local_world_size)
+
+
+def run(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m shoal.worker", description=__doc__)
+    parser.add_argument("job", help="the job file (TOML)")
+    parser.add_argument("--run-dir", help="where the job writes; decided by rank 0 when absent")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--threads", type=int, help="compute threads (default: cores / local workers)")
+    args = parser.parse_args(argv)
+    info = get_dist_info()
+    job = load_job(args.job, args.overrides)
+    threads = args.threads or thread_count(job, info)
+    torch.set_num_threads(threads)
+    device = choose_device(job.cluster.device, info)
+    init_process_group(info, device, job.cluster.timeout)
+    try:
+        run_dir = Path(args.run_dir) if args.run_dir else (new_run_dir(job, None) if info.rank == 0 else None)
+        run_dir = Path(Communicator(info.rank, info.world_size).broadcast_object(str(run_dir)))
+        if info.rank == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            if not (run_dir / "job.toml").exists():
+                (run_dir / "job.toml").write_text(job.to_toml())
+        return run_worker(job, info, run_dir, threads)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run, recording a failure where the elastic launcher reads it (rank, host, message)."""
+    handler = ErrorHandler()
+    handler.initialize()
+    try:
+        run(argv)
+    except ShoalError as error:
+        handler.record_exception(error)
+        print(f"shoal worker {os.environ.get('RANK', '0')}: error: {error}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:
+        handler.record_exception(error)
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Shared fixtures: the shared data folder, and no child process outliving its test."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture
+def a9a_dir() -> Path:
+    """The a9a LIBSVM files in ../shared/data, or a skip with the reason."""
+    folder = SHARED_DATA / "a9a"
+    if not (folder / "a9a").exists():
+        pytest.skip(f"shared data set missing: {folder} (CI always has it)")
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Fail a test that leaves child processes behind, after ending them."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    leftover = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and not _helper(p)]
+    for process in leftover:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(leftover, timeout=5)
+    alive = [p for p in leftover if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"test left processes behind: {[p.pid for p in alive]}"
+
+
+def _helper(process: psutil.Process) -> bool:
+    """multiprocessing's own long-lived helper (the resource tracker), not a leftover worker."""
+    try:
+        return "resource_tracker" in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
+
+
+@pytest.fixture
+def project_env() -> dict:
+    """Environment for subprocesses that run shoal from the project's root."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
+    return env

@@ -1,0 +1,49 @@
+"""Run a function in N local processes joined by a gloo process group, with a hard timeout."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _entry(rank: int, world_size: int, port: int, folder: str, function, args) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=30))
+    try:
+        result = function(rank, world_size, *args)
+        torch.save(result, Path(folder) / f"result-{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_processes(function, world_size: int, *args, timeout: float = 90.0) -> list:
+    """Each rank's return value of `function(rank, world_size, *args)`; kills all on timeout."""
+    with tempfile.TemporaryDirectory() as folder:
+        context = mp.start_processes(_entry, args=(world_size, free_port(), folder, function, args),
+                                     nprocs=world_size, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout
+        try:
+            while not context.join(timeout=max(0.1, deadline - time.monotonic())):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"processes did not finish within {timeout} s")
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                process.join()
+        return [torch.load(Path(folder) / f"result-{rank}.pt", weights_only=False) for rank in range(world_size)]

@@ -1,0 +1,45 @@
+"""Small datasets and job files for the command-line tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from shoal.data.format import DatasetWriter
+
+FEATURES = 20
+
+
+def write_task(folder: Path, rows: int = 6000, test_rows: int = 1000) -> tuple[Path, Path]:
+    """A learnable two-class task: train and test datasets."""
+    generator = np.random.default_rng(0)
+    paths = []
+    for name, count in (("train", rows), ("test", test_rows)):
+        features = generator.normal(size=(count, FEATURES)).astype(np.float32)
+        labels = np.where(features[:, 0] * features[:, 1] + features[:, 2] > 0, "yes", "no")
+        with DatasetWriter(str(folder / name), (FEATURES,), "float32", row_group_size=500) as writer:
+            writer.write(features, labels)
+        paths.append(folder / name)
+    return paths[0], paths[1]
+
+
+def write_job(path: Path, train: Path, test: Path | None, *, extra: str = "", algorithm: str = "averaging") -> Path:
+    test_line = f'test = "{test}"' if test else ""
+    path.write_text(f"""
+[model]
+layers = [{{ dense = 32, activation = "relu" }}, {{ dropout = 0.1 }}, {{ dense = 2 }}]
+[data]
+train = "{train}"
+{test_line}
+[algorithm]
+name = "{algorithm}"
+[train]
+epochs = 2
+batch_size = 64
+optimizer = {{ name = "adam", lr = 0.003 }}
+[output]
+progress = "lines"
+{extra}
+""")
+    return path

@@ -1,0 +1,53 @@
+"""Bad input: a one-line message naming the culprit, exit status 2, nothing written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from shoal.cli import main
+from tests.e2e.jobs import write_job, write_task
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return write_task(tmp_path_factory.mktemp("task"), rows=200, test_rows=50)
+
+
+CASES = {
+    "unknown algorithm": ([], ["--set", "algorithm.name=downhill"], "algorithm.name: unknown algorithm 'downhill'"),
+    "unknown key": (["epoch = 3"], [], "train.epoch: unknown key (did you mean 'train.epochs'?)"),
+    "missing dataset": ([], ["--set", "data.train='nowhere/train'"], "nowhere/train: dataset not found"),
+    "input size": ([], ["--set", "model.input=[100]"], "model.input: [100] holds 100 values, but data.train"),
+    "no workers": ([], ["--workers", "0"], "--workers: must be an integer >= 1, got 0"),
+    "bad optimizer argument": ([], ["--set", "train.optimizer.momentum_typo=0.9"], "train.optimizer.momentum_typo"),
+    "bad period": ([], ["--set", "algorithm.period=0"], "algorithm.period: must be"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_naming_the_culprit(case, task, tmp_path, capsys):
+    lines, arguments, expected = CASES[case]
+    train, test = task
+    job = write_job(tmp_path / "job.toml", train, test)
+    if lines:  # extra keys go into the [train] table
+        job.write_text(job.read_text().replace("[train]\n", "[train]\n" + "\n".join(lines) + "\n"))
+    run_dir = tmp_path / "run"
+    status = main(["train", str(job), "--run-dir", str(run_dir), *arguments])
+    error = capsys.readouterr().err.strip()
+    assert status == 2
+    assert len(error.splitlines()) == 1, error
+    assert expected in error
+    assert not run_dir.exists()
+
+
+def test_exit_status_and_message_from_the_command(task, tmp_path, project_env):
+    train, test = task
+    job = write_job(tmp_path / "job.toml", train, test)
+    finished = subprocess.run([sys.executable, "-m", "shoal", "train", str(job), "--workers", "0"],
+                              capture_output=True, text=True, env=project_env, timeout=60)
+    assert finished.returncode == 2
+    assert finished.stderr.strip() == "shoal: error: --workers: must be an integer >= 1, got 0"
+    assert "Traceback" not in finished.stderr
