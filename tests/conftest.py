@@ -45,9 +45,18 @@ def _helper(process: psutil.Process) -> bool:
         return False
 
 
-@pytest.fixture
-def project_env() -> dict:
-    """Environment for subprocesses that run shoal from the project's root."""
+def _project_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])
     return env
+
+
+@pytest.fixture
+def project_env() -> dict:
+    """Environment for subprocesses that run shoal from the project's root."""
+    return _project_env()
+
+
+@pytest.fixture(scope="module")
+def project_env_module() -> dict:
+    return _project_env()

@@ -255,7 +255,7 @@ def apply_overrides(raw: dict, overrides: typing.Iterable[str]) -> dict:
 
 def from_dict(raw: dict, name: str = "job") -> JobConfig:
     """Build and validate a job from plain data (the parsed TOML)."""
-    from shoal.algorithms import algorithm_class
+    from shoal.algorithms import REGISTRY, algorithm_class
 
     raw = dict(raw)
     algorithm_table = raw.pop("algorithm", {})
@@ -277,7 +277,14 @@ def from_dict(raw: dict, name: str = "job") -> JobConfig:
     if not isinstance(algorithm_name, str):
         raise ConfigError(f"algorithm.name: expected a string, got {algorithm_name!r}")
     cls = algorithm_class(algorithm_name)
-    options = _build(cls.Options, algorithm_table, "algorithm.")
+    # Keys of another algorithm are set aside, so `--set algorithm.name=sync` works on a job written
+    # for averaging; a key no algorithm knows is still an error.
+    own = {f.name for f in dataclasses.fields(cls.Options)}
+    known = {f.name for other in REGISTRY.values() for f in dataclasses.fields(other.Options)}
+    for key in algorithm_table:
+        if key not in known:
+            raise _unknown(f"algorithm.{key}", known | {"name"})
+    options = _build(cls.Options, {k: v for k, v in algorithm_table.items() if k in own}, "algorithm.")
     job.algorithm = AlgorithmConfig(name=algorithm_name, options=dataclasses.asdict(options))
     job.name = name
     return job

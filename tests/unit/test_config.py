@@ -146,9 +146,18 @@ def test_unknown_algorithm_option_names_the_key(tmp_path):
     assert "algorithm.periodd: unknown key (did you mean 'algorithm.period'?)" in message
 
 
-def test_option_of_another_algorithm_is_unknown(tmp_path):
-    message = config_error(tmp_path, MINIMAL + '\n[algorithm]\nname = "sync"\nperiod = 3\n')
-    assert "algorithm.period: unknown key" in message
+def test_option_of_another_algorithm_is_set_aside(tmp_path):
+    # `--set algorithm.name=sync` on a job written for averaging must work: period is not sync's.
+    path = tmp_path / "job.toml"
+    path.write_text(MINIMAL + '\n[algorithm]\nname = "averaging"\nperiod = 3\n')
+    job = load_job(path, ["algorithm.name=sync"])
+    assert job.algorithm.name == "sync" and job.algorithm.options == {}
+    assert job.to_dict()["algorithm"] == {"name": "sync"}
+
+
+def test_option_no_algorithm_knows_is_unknown(tmp_path):
+    message = config_error(tmp_path, MINIMAL + '\n[algorithm]\nname = "sync"\nperiodd = 3\n')
+    assert "algorithm.periodd: unknown key (did you mean 'algorithm.period'?)" in message
 
 
 @pytest.mark.parametrize(

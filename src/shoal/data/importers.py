@@ -27,9 +27,13 @@ from shoal.errors import DataError
 
 FORMATS = ("csv", "libsvm", "npy")
 
-# Bytes of dense features held per chunk; the writer buffers at most one row group on top.
+# Bytes of dense features per chunk handed to the writer, and per row group the writer buffers:
+# together they bound an import's memory however large the source is.
 CHUNK_BYTES = 32 * 1024 * 1024
+ROW_GROUP_BYTES = 64 * 1024 * 1024
+ROW_GROUP_ROWS = 65_536
 LIBSVM_CHUNK_LINES = 20_000
+LIBSVM_MAX_INDEX = 2**31 - 1  # rows are stored dense: a row this wide could not be written anyway
 CSV_BLOCK_BYTES = 4 * 1024 * 1024
 
 
@@ -77,11 +81,19 @@ def _check_file(path: str) -> None:
         raise DataError(f"{path}: not a file")
 
 
+def _writer(out: str, shape: tuple[int, ...], dtype: np.dtype, options: dict[str, Any], **more: Any) -> DatasetWriter:
+    """A `DatasetWriter` whose row groups stay within `ROW_GROUP_BYTES`, however wide the rows."""
+    row_bytes = math.prod(shape) * np.dtype(dtype).itemsize
+    group_rows = max(1, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES // row_bytes))
+    return DatasetWriter(out, shape, dtype, row_group_size=group_rows, **options, **more)
+
+
 def _source_meta(format: str, source: str, **more: Any) -> dict[str, Any]:
     return {"source": {"format": format, "path": os.path.abspath(source), **more}}
 
 
 # LIBSVM ------------------------------------------------------------------------------------
+
 
 class _LibsvmChunk:
     """The parsed rows of a run of LIBSVM lines, in sparse form."""
@@ -115,7 +127,7 @@ def _import_libsvm(source: str, out: str, n_features: int | None, writer_options
         raise DataError(f"{source}: no feature appears on any line; pass n_features")
     chunk_lines = max(1, min(LIBSVM_CHUNK_LINES, CHUNK_BYTES // (4 * features)))
     meta = _source_meta("libsvm", source)
-    with DatasetWriter(out, (features,), np.float32, extra_meta=meta, **writer_options) as writer:
+    with _writer(out, (features,), np.float32, writer_options, extra_meta=meta) as writer:
         for chunk in _libsvm_chunks(source, features, chunk_lines):
             labels = chunk.labels if integer_labels else chunk.labels.astype(np.float64)
             writer.write(chunk.dense(features), labels)
@@ -158,13 +170,16 @@ def _parse_libsvm(source: str, first: int, lines: list[str], n_features: int | N
         # Python's int() and float() decide what a number is, here and in the line-by-line pass.
         indices = np.array(list(map(int, numbers[0::2])), dtype=np.int64)
         values = np.array(list(map(float, numbers[1::2])), dtype=np.float64)
-        if len(indices) and (indices.min() < 1 or (n_features is not None and indices.max() > n_features)):
+        if len(indices) and (indices.min() < 1 or indices.max() > (n_features or LIBSVM_MAX_INDEX)):
             raise ValueError("index out of range")
         parsed_labels = _parse_labels(labels)
     except (ValueError, OverflowError):
-        _raise_libsvm_error(source, first, lines, n_features)
-        raise  # the line-by-line pass always finds the culprit; this is a safety net
-    return _LibsvmChunk(parsed_labels, np.array(counts, dtype=np.int64), indices, values.astype(np.float32))
+        pass
+    else:
+        return _LibsvmChunk(parsed_labels, np.array(counts, dtype=np.int64), indices, values.astype(np.float32))
+    _raise_libsvm_error(source, first, lines, n_features)
+    # The line-by-line pass names the culprit; should it ever not, name the lines at least.
+    raise DataError(f"{source}:{first}-{first + len(lines) - 1}: cannot parse these lines")
 
 
 def _well_formed_pairs(joined: str, count: int) -> bool:
@@ -219,6 +234,8 @@ def _raise_libsvm_error(source: str, first: int, lines: list[str], n_features: i
                 raise DataError(f"{where}: index {index} is below 1 (LIBSVM indices start at 1)")
             if n_features is not None and index > n_features:
                 raise DataError(f"{where}: index {index} is above the feature count {n_features}")
+            if index > LIBSVM_MAX_INDEX:
+                raise DataError(f"{where}: index {index} is above the largest supported, {LIBSVM_MAX_INDEX}")
             try:
                 float(value_text)
             except ValueError:
@@ -249,9 +266,8 @@ def _import_csv(
         label_kind = _wider_kind(label_kind, _label_kind(source, header, label_position, batch.column(0)))
     column_types = {name: pa.float32() for name in feature_names} | {label_name: pa.string()}
     meta = _source_meta("csv", source, label=label_name)
-    with DatasetWriter(
-        out, (len(feature_positions),), np.float32, feature_names=feature_names, extra_meta=meta, **writer_options
-    ) as writer:
+    shape = (len(feature_positions),)
+    with _writer(out, shape, np.float32, writer_options, feature_names=feature_names, extra_meta=meta) as writer:
         for batch in _csv_batches(source, header, column_types, None):
             features = np.empty((batch.num_rows, len(feature_positions)), dtype=np.float32)
             for column, position in enumerate(feature_positions):
@@ -302,15 +318,21 @@ def _csv_batches(
         strings_can_be_null=False,
         quoted_strings_can_be_null=False,
     )
+    # A block must hold whole rows: widen it for very wide files, whose rows outgrow a few MB.
+    block_size = max(CSV_BLOCK_BYTES, 16 * len(",".join(header)))
     try:
-        reader = pa_csv.open_csv(source, read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES), convert_options=convert)
+        reader = pa_csv.open_csv(
+            source, read_options=pa_csv.ReadOptions(block_size=block_size), convert_options=convert
+        )
         if reader.schema.names != (include or header):
             raise DataError(f"{source}:1: the header row reads differently in Arrow: {reader.schema.names}")
         yield from reader
+        return
     except pa.ArrowInvalid as error:
-        _raise_csv_error(source, header, str(error))
+        message = str(error)
     except OSError as error:
         raise DataError(f"{source}: cannot read: {error}") from None
+    _raise_csv_error(source, header, message)
 
 
 def _raise_csv_error(source: str, header: list[str], message: str) -> None:
@@ -336,14 +358,17 @@ def _first_csv_line(source: str, fields: int, is_bad: Callable[[list[str]], bool
     """The first data line for which `is_bad` holds, or (line, field count) of a short or long row."""
     with open(source, encoding="utf-8-sig", errors="replace", newline="") as handle:
         reader = csv.reader(handle)
-        next(reader, None)
-        for record in reader:
-            if not record:
-                continue  # Arrow skips blank lines too
-            if len(record) != fields:
-                return reader.line_num, len(record)
-            if is_bad(record):
-                return reader.line_num
+        try:
+            next(reader, None)
+            for record in reader:
+                if not record:
+                    continue  # Arrow skips blank lines too
+                if len(record) != fields:
+                    return reader.line_num, len(record)
+                if is_bad(record):
+                    return reader.line_num
+        except csv.Error:
+            return None  # the csv module cannot follow this file either; Arrow's message will do
     return None
 
 
@@ -398,7 +423,7 @@ def _import_numpy(
         raise DataError(f"{source} has {len(features)} samples but {label} has {len(labels)} labels")
     rows = _chunk_rows(sample_shape, features.dtype)
     meta = _source_meta("npy", source, labels=os.path.abspath(label))
-    with DatasetWriter(out, sample_shape, _feature_dtype(features.dtype), extra_meta=meta, **writer_options) as writer:
+    with _writer(out, sample_shape, _feature_dtype(features.dtype), writer_options, extra_meta=meta) as writer:
         for start in range(0, len(features), rows):
             labels_chunk = np.asarray(labels[start : start + rows]).reshape(-1).astype(labels_dtype)
             writer.write(np.asarray(features[start : start + rows]), labels_chunk)
@@ -464,14 +489,11 @@ def _import_npz(source: str, out: str, n_features: int | None, writer_options: d
                 sample_shape = _sample_shape(f"{source} (x)", features_shape, features_dtype, n_features)
                 labels_target = _labels_dtype(f"{source} (y)", labels_shape, labels_dtype)
                 if labels_shape[0] != features_shape[0]:
-                    raise DataError(
-                        f"{source}: x has {features_shape[0]} samples but y has {labels_shape[0]} labels"
-                    )
+                    raise DataError(f"{source}: x has {features_shape[0]} samples but y has {labels_shape[0]} labels")
                 rows = _chunk_rows(sample_shape, features_dtype)
                 meta = _source_meta("npz", source)
-                with DatasetWriter(
-                    out, sample_shape, _feature_dtype(features_dtype), extra_meta=meta, **writer_options
-                ) as writer:
+                dtype = _feature_dtype(features_dtype)
+                with _writer(out, sample_shape, dtype, writer_options, extra_meta=meta) as writer:
                     for start in range(0, features_shape[0], rows):
                         count = min(rows, features_shape[0] - start)
                         features = _read_rows(source, "x", features_file, features_dtype, (count, *sample_shape))
