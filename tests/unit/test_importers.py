@@ -126,6 +126,12 @@ def test_libsvm_bad_line_names_file_and_line(tmp_path, line, problem):
     assert problem in str(error)
 
 
+def test_libsvm_index_too_large_for_int64_is_named(tmp_path):
+    source = tmp_path / "huge.svm"
+    source.write_text("1 1:1\n0 99999999999999999999:1\n")
+    import_fails(source, tmp_path / "out", "libsvm", f"^{source}:2: index 99999999999999999999 is above the largest")
+
+
 def test_libsvm_empty_source(tmp_path):
     source = tmp_path / "empty.svm"
     source.write_text("# only a comment\n\n")
@@ -350,6 +356,14 @@ def test_existing_output_needs_overwrite(tmp_path):
     dataset = import_dataset(str(source), str(out), "libsvm", n_features=4, overwrite=True)
     assert dataset.shape == (4,)
     assert [name for name in os.listdir(tmp_path) if name.endswith(".tmp")] == []
+
+
+def test_row_groups_stay_within_the_byte_budget(tmp_path, monkeypatch):
+    monkeypatch.setattr(importers, "ROW_GROUP_BYTES", 10 * 6 * 4)  # ten rows of six float32
+    np.save(tmp_path / "x.npy", np.ones((35, 6)))
+    np.save(tmp_path / "y.npy", np.zeros(35, dtype=np.int64))
+    dataset = import_dataset(str(tmp_path / "x.npy"), str(tmp_path / "out"), "npy", label=str(tmp_path / "y.npy"))
+    assert [info.row_groups for info in dataset.files] == [(10, 10, 10, 5)]
 
 
 def test_rows_per_file_splits_the_output(tmp_path):

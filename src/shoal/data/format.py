@@ -220,7 +220,11 @@ class DatasetWriter:
 
     def __exit__(self, kind, value, traceback) -> None:
         if kind is None:
-            self.close()
+            try:
+                self.close()
+            except BaseException:
+                self.abort()  # close() failing (a full disk, say) must not leave the folder behind either
+                raise
         else:
             self.abort()
 

@@ -9,11 +9,12 @@ drawn with one `task_seed` pose the same problem.
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from shoal.errors import DataError
 
 CHUNK_ROWS = 50_000
 DIGITS_CHUNK_ROWS = 10_000  # images take float32 work space: 31 MB per 10,000
+ROW_GROUP_ROWS = 65_536  # rows per Parquet row group: the writer works in bursts of this many
 GENERATOR_VERSION = 1  # bump when a generator's output for a given seed changes
 
 # The task streams are children of `task_seed` (a spawn key), so they never coincide with a
@@ -61,9 +63,10 @@ def synth_binary(
         raise DataError(f"{out}: features must be an integer of at least 1, got {features!r}")
     teacher = _binary_teacher(features, task_seed)
     meta = _source_meta("binary", rows, seed, task_seed, features=features)
-    with DatasetWriter(out, (features,), np.float32, extra_meta=meta, overwrite=overwrite) as writer:
+    options = {"row_group_size": ROW_GROUP_ROWS, "extra_meta": meta, "overwrite": overwrite}
+    with DatasetWriter(out, (features,), np.float32, **options) as writer:
         draw = functools.partial(_draw_binary, teacher=teacher, features=features)
-        for x, labels in _drawn_ahead(draw, seed, _chunks(rows, CHUNK_ROWS)):
+        for x, labels in _drawn_ahead(draw, seed, _chunks(rows, CHUNK_ROWS), CHUNK_ROWS):
             writer.write(x, labels)
     return open_dataset(out)
 
@@ -118,9 +121,10 @@ def synth_digits(out: str, rows: int, *, seed: int = 0, task_seed: int = 0, over
     strokes, masks = _digit_task(task_seed)
     shape = (IMAGE_SIDE, IMAGE_SIDE)
     meta = _source_meta("digits", rows, seed, task_seed)
-    with DatasetWriter(out, shape, np.uint8, extra_meta=meta, overwrite=overwrite) as writer:
+    options = {"row_group_size": ROW_GROUP_ROWS, "extra_meta": meta, "overwrite": overwrite}
+    with DatasetWriter(out, shape, np.uint8, **options) as writer:
         draw = functools.partial(_draw_digits, strokes=strokes, masks=masks)
-        for images, labels in _drawn_ahead(draw, seed, _chunks(rows, DIGITS_CHUNK_ROWS)):
+        for images, labels in _drawn_ahead(draw, seed, _chunks(rows, DIGITS_CHUNK_ROWS), DIGITS_CHUNK_ROWS):
             writer.write(images, labels)
     return open_dataset(out)
 
@@ -214,21 +218,23 @@ def _drawn_ahead(
     draw: Callable[[np.random.Generator, int], tuple[np.ndarray, np.ndarray]],
     seed: int,
     chunks: list[tuple[int, int]],
+    chunk_rows: int,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """`draw` each chunk, in order, one chunk ahead in a thread while the caller writes the last.
+    """`draw` each chunk, in order, in a thread that keeps a row group's worth of chunks ready.
 
-    numpy and Parquet writing both release the GIL, so drawing and writing overlap on two cores;
-    each chunk has its own generator, so the output is the same as drawing in turn.
+    The writer does its work in bursts, one Parquet row group (`ROW_GROUP_ROWS`) at a time, and
+    numpy and Parquet both release the GIL, so drawing the next row group overlaps writing the
+    last on a second core. Each chunk has its own generator: the output is as if drawn in turn.
     """
+    ahead = -(-ROW_GROUP_ROWS // chunk_rows) + 1
     with ThreadPoolExecutor(max_workers=1) as executor:
-        ahead = None
+        pending: collections.deque[Future] = collections.deque()
         for chunk, count in chunks:
-            submitted = executor.submit(draw, _chunk_generator(seed, chunk), count)
-            if ahead is not None:
-                yield ahead.result()
-            ahead = submitted
-        if ahead is not None:
-            yield ahead.result()
+            pending.append(executor.submit(draw, _chunk_generator(seed, chunk), count))
+            if len(pending) > ahead:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def _source_meta(generator: str, rows: int, seed: int, task_seed: int, **more: Any) -> dict[str, Any]:
