@@ -8,15 +8,20 @@ only), the loop's is measured around its epoch. Target: ratio <= 1.05.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional
 
-from benchmarks.common import WORK, epoch_seconds, machine, machine_line, median, shoal_train, write_result
+from benchmarks.common import ROOT, WORK, epoch_seconds, machine, machine_line, median, shoal_train, write_result
 from shoal.data.format import open_dataset
 from shoal.data.synthetic import synth_binary
 
@@ -46,20 +51,34 @@ def hand_written_epochs(features: np.ndarray, labels: np.ndarray, batch: int, ep
     return seconds
 
 
+def hand_written_in_fresh_process(path: Path, batch: int, epochs: int, threads: int) -> list[float]:
+    """The loop in its own process with the environment shoal's worker gets, so neither side inherits
+    the other's warm caches or the generator's idle BLAS threads."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    finished = subprocess.run([sys.executable, "-m", "benchmarks.overhead", "--loop-only", str(path),
+                               "--batch", str(batch), "--epochs", str(epochs), "--threads", str(threads)],
+                              check=True, capture_output=True, text=True, env=env, cwd=ROOT)
+    return json.loads(finished.stdout.strip().splitlines()[-1])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--loop-only", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2, help="alternate shoal and the loop this many times")
     args = parser.parse_args(argv)
+    if args.loop_only:
+        features, labels = open_dataset(str(args.loop_only)).read_all()
+        print(json.dumps(hand_written_epochs(features, labels, args.batch, args.epochs, args.threads)))
+        return
 
     folder = WORK / "overhead"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     synth_binary(folder / "train", args.rows, features=FEATURES, seed=1)
-    features, labels = open_dataset(str(folder / "train")).read_all()
     job = folder / "job.toml"
     job.write_text(f"""
 [model]
@@ -79,7 +98,7 @@ threads = {args.threads}
     for round_number in range(args.rounds):  # interleaved, so drift in the machine hits both
         events = shoal_train(job, folder / f"run{round_number}", "--workers", "1")
         shoal_times += epoch_seconds(events)
-        loop_times += hand_written_epochs(features, labels, args.batch, args.epochs, args.threads)[1:]
+        loop_times += hand_written_in_fresh_process(folder / "train", args.batch, args.epochs, args.threads)[1:]
     shoal_median, loop_median = median(shoal_times), median(loop_times)
     ratio = shoal_median / loop_median
     info = machine()
@@ -88,7 +107,8 @@ threads = {args.threads}
 Machine: {machine_line(info)}.
 Workload: {args.rows:,} rows x {FEATURES} float32 features in memory, 123-100(relu)-dropout-2, Adam,
 batch {args.batch}, {args.threads} threads, {args.epochs} epochs per run (the first dropped as warm-up),
-{args.rounds} interleaved runs of each. Command: `python -m benchmarks.overhead`.
+{args.rounds} interleaved runs of each, each in a fresh process with OMP_NUM_THREADS={args.threads}.
+Command: `python -m benchmarks.overhead`.
 
 | | median epoch (s) | epochs timed |
 | --- | --- | --- |

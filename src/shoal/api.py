@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from shoal.config import JobConfig, from_dict, load_job
-from shoal.dist.env import cores
+from shoal.dist.env import threads_per_worker
 from shoal.dist.launch import Nodes, launch
 from shoal.errors import ConfigError
 from shoal.train.artifacts import load_model
@@ -70,7 +70,7 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None) -> None:
     job.output.run_dir = str(run_dir)
     job_file = run_dir / "job.toml"
     job_file.write_text(job.to_toml())
-    threads = job.cluster.threads or max(1, cores() // job.cluster.workers)
+    threads = threads_per_worker(job.cluster.threads, job.cluster.workers)
     launch(job_file, run_dir, workers=job.cluster.workers, threads=threads, nodes=nodes)
 
 

@@ -22,7 +22,8 @@ def command_train(args: argparse.Namespace) -> int:
     start(job, run_dir, nodes)
     if (run_dir / "model.pt").exists():  # this node ran the coordinator
         metrics = result(run_dir).metrics
-        print("final " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
+        if metrics:  # a job without a test set has none
+            print("final " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
     print(f"run directory: {run_dir}")
     return 0
 

@@ -16,16 +16,11 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from shoal.api import new_run_dir
-from shoal.config import JobConfig, load_job
+from shoal.config import load_job
 from shoal.dist.collectives import Communicator
-from shoal.dist.env import DistInfo, choose_device, cores, get_dist_info, init_process_group
+from shoal.dist.env import choose_device, get_dist_info, init_process_group, threads_per_worker
 from shoal.errors import EXIT_USAGE, ShoalError
 from shoal.train.run import run_worker
-
-
-def thread_count(job: JobConfig, info: DistInfo) -> int:
-    """cluster.threads, or this machine's cores shared evenly among its workers."""
-    return job.cluster.threads or max(1, cores() // info.local_world_size)
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -37,13 +32,13 @@ def run(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     info = get_dist_info()
     job = load_job(args.job, args.overrides)
-    threads = args.threads or thread_count(job, info)
+    threads = args.threads or threads_per_worker(job.cluster.threads, info.local_world_size)
     torch.set_num_threads(threads)
     device = choose_device(job.cluster.device, info)
     init_process_group(info, device, job.cluster.timeout)
     try:
         run_dir = Path(args.run_dir) if args.run_dir else (new_run_dir(job, None) if info.rank == 0 else None)
-        run_dir = Path(Communicator(info.rank, info.world_size).broadcast_object(str(run_dir)))
+        run_dir = Path(Communicator(info.rank, info.world_size, device=device).broadcast_object(str(run_dir)))
         if info.rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
             if not (run_dir / "job.toml").exists():

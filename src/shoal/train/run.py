@@ -42,7 +42,7 @@ def seed_everything(seed: int) -> None:
 def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int) -> dict:
     """Train this rank's part of the job; returns the final test metrics (rank 0) or {}."""
     device = choose_device(job.cluster.device, info)
-    comm = Communicator(info.rank, info.world_size)
+    comm = Communicator(info.rank, info.world_size, device=device)
     prepared = prepare(job)
     coordinator = info.rank == 0
 
