@@ -1,0 +1,1 @@
+"""Processes: who am I (env), starting workers (launch), collectives on flat buffers."""

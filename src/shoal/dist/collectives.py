@@ -1,0 +1,99 @@
+"""Collectives on flat buffers, with the time they take counted apart from compute.
+
+Parameters and gradients travel as one buffer per collective, not one message per tensor:
+with many small layers that is the difference between one latency and hundreds. A world of
+one skips communication entirely, so one worker is plain training at no cost.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+
+class FlatBuffer:
+    """One contiguous buffer mirroring a list of tensors, packed and unpacked in place."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor], extra: int = 0):
+        self.tensors = list(tensors)
+        self.sizes = [t.numel() for t in self.tensors]
+        total = sum(self.sizes) + extra
+        first = self.tensors[0] if self.tensors else torch.empty(0)
+        self.buffer = torch.zeros(total, dtype=first.dtype, device=first.device)
+
+    def pack(self, tensors: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        offset = 0
+        for tensor, size in zip(tensors if tensors is not None else self.tensors, self.sizes):
+            self.buffer[offset : offset + size].copy_(tensor.reshape(-1))
+            offset += size
+        return self.buffer
+
+    def unpack_(self, tensors: Sequence[torch.Tensor] | None = None) -> None:
+        offset = 0
+        for tensor, size in zip(tensors if tensors is not None else self.tensors, self.sizes):
+            tensor.copy_(self.buffer[offset : offset + size].view_as(tensor))
+            offset += size
+
+
+class Communicator:
+    """A process group (or sub-group) with timed collectives."""
+
+    def __init__(self, rank: int, world_size: int, group: dist.ProcessGroup | None = None,
+                 device: torch.device = torch.device("cpu")):
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group
+        self.device = device  # where small tensors travel: NCCL moves only device memory
+        self.seconds = 0.0  # time spent in collectives, read by the loop for its time split
+
+    def _timed(self, operation, *args, **kwargs):
+        start = time.perf_counter()
+        result = operation(*args, group=self.group, **kwargs)
+        self.seconds += time.perf_counter() - start
+        return result
+
+    def all_reduce_sum_(self, buffer: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            self._timed(dist.all_reduce, buffer, op=dist.ReduceOp.SUM)
+        return buffer
+
+    def all_reduce_mean_(self, buffer: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            self._timed(dist.all_reduce, buffer, op=dist.ReduceOp.SUM)
+            buffer.div_(self.world_size)
+        return buffer
+
+    def broadcast_(self, buffer: torch.Tensor, source: int = 0) -> torch.Tensor:
+        if self.world_size > 1:
+            self._timed(dist.broadcast, buffer, src=source)
+        return buffer
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Stack of every rank's tensor, shape (world_size, *tensor.shape), on the tensor's device."""
+        if self.world_size == 1:
+            return tensor.unsqueeze(0)
+        local = tensor.to(self.device)
+        parts = [torch.empty_like(local) for _ in range(self.world_size)]
+        self._timed(dist.all_gather, parts, local)
+        return torch.stack(parts).to(tensor.device)
+
+    def all_gather_object(self, value):
+        if self.world_size == 1:
+            return [value]
+        parts = [None] * self.world_size
+        self._timed(dist.all_gather_object, parts, value)
+        return parts
+
+    def broadcast_object(self, value, source: int = 0):
+        if self.world_size == 1:
+            return value
+        holder = [value]
+        self._timed(dist.broadcast_object_list, holder, src=source)
+        return holder[0]
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            self._timed(dist.barrier)
