@@ -82,6 +82,7 @@ def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int) -> d
     trainer = Trainer(model, optimizer, prepared.objective, algorithm, loader, comm,
                       on_step=progress.step if progress else None)
     final: dict = {}
+    comm.barrier()  # start together: the coordinator's set-up must not show up as the first epoch's wait
     started = time.perf_counter()
     for epoch in range(job.train.epochs):
         if progress:
