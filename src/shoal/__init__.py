@@ -4,13 +4,28 @@
     result = shoal.fit("examples/a9a.toml", workers=2)
     result.metrics, result.model, result.run_dir
     model = shoal.load_model(result.run_dir)
+
+The names below load on first use, so light commands (`shoal status`) do not import torch.
 """
+
+import importlib
 
 __version__ = "0.1.0"
 
-from shoal.api import FitResult, fit  # noqa: E402
-from shoal.config import JobConfig, load_job  # noqa: E402
-from shoal.errors import ShoalError  # noqa: E402
-from shoal.train.artifacts import load_model, predict  # noqa: E402
+_EXPORTS = {
+    "FitResult": "shoal.api",
+    "fit": "shoal.api",
+    "JobConfig": "shoal.config",
+    "load_job": "shoal.config",
+    "ShoalError": "shoal.errors",
+    "load_model": "shoal.train.artifacts",
+    "predict": "shoal.train.artifacts",
+}
 
-__all__ = ["FitResult", "JobConfig", "ShoalError", "fit", "load_job", "load_model", "predict", "__version__"]
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'shoal' has no attribute {name!r}")

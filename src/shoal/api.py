@@ -10,10 +10,11 @@ import torch
 
 from shoal.config import JobConfig, from_dict, load_job
 from shoal.dist.env import threads_per_worker
-from shoal.dist.launch import Nodes, launch
-from shoal.errors import ConfigError
+from shoal.dist.launch import Interrupted, Nodes, launch
+from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
 from shoal.train.artifacts import load_model
-from shoal.train.events import read_events
+from shoal.train.checkpoint import find_latest
+from shoal.train.events import EVENTS_FILE, append_event, read_events
 from shoal.train.prepare import prepare
 
 
@@ -63,15 +64,45 @@ def new_run_dir(job: JobConfig, run_dir: str | Path | None) -> Path:
     return run_dir
 
 
-def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None) -> None:
-    """Check the job, write its resolved file into the run directory and run its workers."""
+def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: bool = False,
+          max_restarts: int = 0) -> None:
+    """Check the job, write its resolved file into the run directory and run its workers.
+
+    A failed attempt is recorded in the events; with restarts left, the workers start again from
+    the newest checkpoint. Errors in the user's input (exit status 2, a NaN loss among them) would
+    fail again the same way and are not retried.
+    """
     prepare(job)
     run_dir.mkdir(parents=True, exist_ok=True)
     job.output.run_dir = str(run_dir)
     job_file = run_dir / "job.toml"
     job_file.write_text(job.to_toml())
     threads = threads_per_worker(job.cluster.threads, job.cluster.workers)
-    launch(job_file, run_dir, workers=job.cluster.workers, threads=threads, nodes=nodes)
+    restarts = 0
+    while True:
+        try:
+            launch(job_file, run_dir, workers=job.cluster.workers, threads=threads, nodes=nodes, resume=resume)
+            return
+        except WorkerError as error:
+            coordinator_here = (run_dir / EVENTS_FILE).exists()  # only the coordinator's node has events
+            if coordinator_here:
+                append_event(run_dir, "worker_failed", **getattr(error, "fields", {"message": str(error)}))
+            if error.exit_code == EXIT_USAGE or restarts >= max_restarts:
+                if coordinator_here:
+                    append_event(run_dir, "job_end", status="failed", message=str(error))
+                raise
+            restarts += 1
+            resume = True
+            if coordinator_here:
+                found = find_latest(run_dir, job.cluster.workers * (nodes.count if nodes else 1))
+                from_epoch = found.epoch if found else 0
+                reached = max((e["epoch"] for e in read_events(run_dir) if e["event"] == "epoch_end"), default=0)
+                append_event(run_dir, "job_restarted", restart=restarts, from_epoch=from_epoch,
+                             epochs_redone=reached + 1 - from_epoch)
+        except Interrupted as interrupt:
+            if (run_dir / EVENTS_FILE).exists():
+                append_event(run_dir, "job_end", status="interrupted", message=str(interrupt))
+            raise
 
 
 def fit(job: str | Path | JobConfig | dict, *, workers: int | None = None, run_dir: str | Path | None = None,

@@ -13,13 +13,27 @@ DESCRIPTION = "shoal: train one neural network across many commodity machines."
 
 def command_train(args: argparse.Namespace) -> int:
     from shoal.api import new_run_dir, resolve_job, result, start
-    from shoal.dist.launch import Nodes
+    from shoal.dist.launch import Interrupted, Nodes
 
-    job = resolve_job(args.job, args.overrides, args.workers)
-    run_dir = new_run_dir(job, args.run_dir)
+    if args.resume is not None:
+        if not (args.resume / "job.toml").exists():
+            raise ShoalError(f"{args.resume}: no job.toml: not a shoal run directory")
+        job = resolve_job(args.job or args.resume / "job.toml", args.overrides, args.workers)
+        run_dir = args.resume
+    elif args.job is None:
+        raise ShoalError("train: give a job file, or --resume RUN_DIR")
+    else:
+        job = resolve_job(args.job, args.overrides, args.workers)
+        run_dir = new_run_dir(job, args.run_dir)
+    if args.max_restarts < 0:
+        raise ShoalError(f"--max-restarts: must be >= 0, got {args.max_restarts}")
     nodes = Nodes(count=args.nnodes, rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id,
                   backend=args.rdzv_backend)
-    start(job, run_dir, nodes)
+    try:
+        start(job, run_dir, nodes, resume=args.resume is not None, max_restarts=args.max_restarts)
+    except Interrupted as interrupt:
+        print(f"shoal: {interrupt}; continue with: shoal train --resume {run_dir}", file=sys.stderr)
+        return interrupt.exit_code
     if (run_dir / "model.pt").exists():  # this node ran the coordinator
         metrics = result(run_dir).metrics
         if metrics:  # a job without a test set has none
@@ -60,14 +74,34 @@ def command_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_status(args: argparse.Namespace) -> int:
+    from shoal.train.status import render, summarize, watch
+
+    if args.watch is None:
+        print(render(summarize(args.run_dir)))
+    else:
+        watch(args.run_dir, args.watch)
+    return 0
+
+
+def command_report(args: argparse.Namespace) -> int:
+    from shoal.train.report import write_report
+
+    print(write_report(args.run_dir))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="shoal", description=DESCRIPTION)
     commands = root.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a job on N local workers (or one node of a cluster)")
-    train.add_argument("job", help="the job file (TOML)")
+    train.add_argument("job", nargs="?", type=Path, help="the job file (TOML); with --resume, the run's own")
     train.add_argument("--workers", type=int, help="worker processes on this machine (cluster.workers)")
     train.add_argument("--run-dir", type=Path, help="where the job writes (default runs/<job>-<date>-<time>)")
+    train.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its newest checkpoint")
+    train.add_argument("--max-restarts", type=int, default=0,
+                       help="restart failed workers from the newest checkpoint up to this many times")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a job key, e.g. --set train.epochs=3 (repeatable)")
     cluster = train.add_argument_group("multi-machine (torchrun's arguments)")
@@ -107,6 +141,16 @@ def parser() -> argparse.ArgumentParser:
     predict.add_argument("dataset", help="a dataset folder")
     predict.add_argument("--out", required=True, help="output file (.parquet or .csv)")
     predict.set_defaults(handler=command_predict)
+
+    status = commands.add_parser("status", help="where a job stands: epoch, loss, speed, ETA, workers")
+    status.add_argument("run_dir", help="a run directory (running or finished)")
+    status.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
+                        help="redraw every SECONDS (default 2) until the job ends or Ctrl-C")
+    status.set_defaults(handler=command_status)
+
+    report = commands.add_parser("report", help="write RUN_DIR/report.md with plots of loss, time split, workers")
+    report.add_argument("run_dir", help="a run directory")
+    report.set_defaults(handler=command_report)
     return root
 
 

@@ -129,6 +129,18 @@ class OutputConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every: int = 1
+    """Save a checkpoint every this many epochs (and after the last); 0 turns checkpoints off."""
+    keep: int = 2
+    """How many of the newest checkpoints to keep."""
+
+    def __post_init__(self) -> None:
+        _at_least("checkpoint.every", self.every, 0)
+        _at_least("checkpoint.keep", self.keep, 1)
+
+
+@dataclass
 class JobConfig:
     model: ModelConfig
     data: DataConfig
@@ -136,6 +148,7 @@ class JobConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     name: str = "job"
     """The job's name (the job file's stem), used for the default run directory."""
 

@@ -19,6 +19,7 @@ from shoal.api import new_run_dir
 from shoal.config import load_job
 from shoal.dist.collectives import Communicator
 from shoal.dist.env import choose_device, get_dist_info, init_process_group, threads_per_worker
+from shoal.dist.heartbeat import HEARTBEAT_SECONDS, end_silent_peer
 from shoal.errors import EXIT_USAGE, ShoalError
 from shoal.train.run import run_worker
 
@@ -29,6 +30,7 @@ def run(argv: list[str] | None = None) -> dict:
     parser.add_argument("--run-dir", help="where the job writes; decided by rank 0 when absent")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--threads", type=int, help="compute threads (default: cores / local workers)")
+    parser.add_argument("--resume", action="store_true", help="continue from the run directory's newest checkpoint")
     args = parser.parse_args(argv)
     info = get_dist_info()
     job = load_job(args.job, args.overrides)
@@ -43,7 +45,12 @@ def run(argv: list[str] | None = None) -> dict:
             run_dir.mkdir(parents=True, exist_ok=True)
             if not (run_dir / "job.toml").exists():
                 (run_dir / "job.toml").write_text(job.to_toml())
-        return run_worker(job, info, run_dir, threads)
+        return run_worker(job, info, run_dir, threads, resume=args.resume)
+    except RuntimeError as error:
+        if "timed out" in str(error).lower():  # a peer stopped answering: report, then do not let it linger
+            ErrorHandler().record_exception(error)
+            end_silent_peer(run_dir, info.rank, info.host, silent_for=2 * HEARTBEAT_SECONDS)
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,7 +1,10 @@
-"""Model factories used by tests through `model.factory`."""
+"""Model factories used by tests through `model.factory`: ordinary models that misbehave on cue."""
 
 import os
+import signal
+import time
 
+import torch
 from torch import nn
 
 
@@ -10,3 +13,43 @@ def failing_on_rank_one(features: int = 20):
     if os.environ.get("RANK") == "1":
         raise RuntimeError("rank one refuses to build its model")
     return nn.Sequential(nn.Linear(features, 2))
+
+
+class Saboteur(nn.Module):
+    """Wraps a small MLP; on its `at`-th training forward pass on `rank`, does `action` once.
+
+    Actions: "kill" (SIGKILL itself), "stop" (SIGSTOP itself), "nan" (the output becomes NaN),
+    "none". `marker` is a file created when the action fires, so a restarted worker goes on
+    normally. `delay` slows every training step, to give a test time to act mid-epoch.
+    """
+
+    def __init__(self, features: int, rank: int, at: int, action: str, marker: str, delay: float):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(features, 16), nn.Tanh(), nn.Linear(16, 2))
+        self.rank, self.at, self.action, self.marker, self.delay = rank, at, action, marker, delay
+        self.count = 0
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        outputs = self.inner(inputs)
+        if not self.training:
+            return outputs
+        self.count += 1
+        if self.delay:
+            time.sleep(self.delay)
+        fire = (self.action != "none" and self.count == self.at and os.environ.get("RANK") == str(self.rank)
+                and not (self.marker and os.path.exists(self.marker)))
+        if fire:
+            if self.marker:
+                open(self.marker, "w").close()
+            if self.action == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif self.action == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            elif self.action == "nan":
+                return outputs * float("nan")
+        return outputs
+
+
+def sabotaged(features: int = 20, rank: int = 1, at: int = 0, action: str = "none", marker: str = "",
+              delay: float = 0.0) -> nn.Module:
+    return Saboteur(features, rank, at, action, marker, delay)

@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from shoal.errors import EXIT_USAGE, WorkerError
+from shoal.dist.heartbeat import HEARTBEAT_SECONDS, fell_silent
+
+SHUTDOWN_SECONDS = 5  # after SIGTERM, how long workers get before SIGKILL
 
 
 @dataclass
@@ -44,7 +50,7 @@ class Nodes:
 
 
 def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, nodes: Nodes | None = None,
-           max_restarts: int = 0) -> None:
+           resume: bool = False) -> None:
     """Run `workers` local worker processes of the job to completion; raise WorkerError on failure."""
     nodes = nodes or Nodes()
     backend, endpoint, configs = nodes.rendezvous()
@@ -58,32 +64,72 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, nodes: 
         rdzv_backend=backend,
         rdzv_endpoint=endpoint,
         rdzv_configs=configs,
-        max_restarts=max_restarts,
+        max_restarts=0,  # shoal restarts whole jobs itself, recording why (see shoal.api.start)
         monitor_interval=0.1,
+        shutdown_timeout=SHUTDOWN_SECONDS,
         start_method="spawn",
         local_addr="127.0.0.1" if nodes.count == 1 else None,
     )
     arguments = ["-u", "-m", "shoal.worker", str(job_file), "--run-dir", str(run_dir), "--threads", str(threads)]
+    if resume:
+        arguments.append("--resume")
     quiet = logging.getLogger("torch.distributed.elastic")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL if not os.environ.get("SHOAL_DEBUG_LAUNCH") else logging.INFO)  # shoal reports failures itself, in one line
     try:
         elastic_launch(config, sys.executable)(*arguments)
     except ChildFailedError as error:
-        raise describe_failure(error) from None
+        raise describe_failure(error, run_dir) from None
+    except SignalException as error:  # Ctrl-C or SIGTERM: the agent has stopped the workers
+        raise Interrupted(error.sigval) from None
     finally:
         quiet.setLevel(level)
 
 
-def describe_failure(error: ChildFailedError) -> WorkerError:
-    """The root cause among failed workers: prefer one that raised over ones that were killed."""
+class Interrupted(Exception):
+    """The job was stopped by a signal; `exit_code` is 128 + its number (130 for Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, signal_number: int):
+        self.signal = signal.Signals(signal_number)
+        self.exit_code = 128 + int(signal_number)
+        super().__init__(f"stopped by {self.signal.name}")
+
+
+def _lost_peer(message: str) -> bool:
+    """A worker's error that only says another worker went away: a consequence, not the cause."""
+    return any(text in message for text in ("Connection reset by peer", "Connection closed by peer"))
+
+
+def describe_failure(error: ChildFailedError, run_dir: Path) -> WorkerError:
+    """The root cause among failed workers, as one line and as fields for the events.
+
+    A worker that stopped answering makes another one's collective time out: the heartbeats
+    name the one that went quiet first. Otherwise a worker that raised is preferred over ones
+    that were killed as a consequence.
+    """
     failures = sorted(error.failures.items(), key=lambda item: item[1].timestamp)
-    raised = [(rank, failure) for rank, failure in failures if failure.error_file_data]
-    rank, failure = (raised or failures)[0]
+    raised = [(rank, failure) for rank, failure in failures
+              if failure.error_file_data and not _lost_peer(str(failure.message))]
+    # SIGTERM is what the launcher sends the others once one has failed
+    killed = [(rank, failure) for rank, failure in failures if failure.exitcode < 0 and failure.exitcode != -15]
+    rank, failure = (raised or killed or failures)[0]
     message = failure.message
     if isinstance(message, dict):  # the error file's {"message": ..., "extraInfo": {traceback}}
         message = message.get("message", "")
     message = str(message).strip().splitlines()[0] if message else f"exit status {failure.exitcode}"
-    worker_error = WorkerError(f"worker rank {rank} on {socket.gethostname()} failed: {message}")
+    host = socket.gethostname()
+    signal_name = None
+    if failure.exitcode < 0:
+        signal_name = signal.Signals(-failure.exitcode).name
+        message = f"killed by {signal_name}"
+    text = f"worker rank {rank} on {host} failed: {message}"
+    quiet = fell_silent(run_dir, gap=2 * HEARTBEAT_SECONDS)
+    if quiet is not None:
+        text = (f"worker rank {quiet['rank']} on {quiet['host']} stopped answering at step {quiet['step']} "
+                f"and was ended; the others waited for it (rank {rank}: {message})")
+        rank, host = quiet["rank"], quiet["host"]
+    worker_error = WorkerError(text)
     worker_error.exit_code = EXIT_USAGE if failure.exitcode == EXIT_USAGE else 1
+    worker_error.fields = {"rank": rank, "host": host, "exit_code": failure.exitcode, "signal": signal_name,
+                           "message": message}
     return worker_error

@@ -34,6 +34,15 @@ class EventLog:
         self._handle.close()
 
 
+def append_event(run_dir: str | Path, event: str, **fields: Any) -> dict:
+    """Append one record to an existing run's events (the launcher's failure records)."""
+    log = EventLog(run_dir)
+    try:
+        return log.write(event, **fields)
+    finally:
+        log.close()
+
+
 def _plain(value: Any) -> Any:
     """numpy scalars and other stragglers as plain JSON values."""
     if hasattr(value, "item"):

@@ -53,6 +53,7 @@ class Trainer:
         self.algorithm, self.loader, self.comm = algorithm, loader, comm
         self.on_step = on_step  # called with the step's loss (the progress bar)
         self.global_step = 0
+        self.epoch = 0  # the epoch in progress, from 0
         self.synchronize = (lambda: torch.cuda.synchronize()) if loader.device.type == "cuda" else (lambda: None)
 
     def train_epoch(self, epoch: int) -> EpochStats:

@@ -1,0 +1,125 @@
+"""Checkpoints: a folder per epoch that lets a job continue exactly where it stopped.
+
+`RUN_DIR/checkpoints/epoch-00003/` holds `rank-00000.pt` ... (each rank's model, optimizer,
+algorithm and step count and its random-generator states) and `coordinator.pt` (the epoch, the
+world size and what the coordinator needs to go on). The folder is assembled under a hidden
+temporary name and renamed only when every file is in it, so a writer that dies leaves the
+previous checkpoint valid. All files are read with `torch.load(weights_only=True)`.
+
+Every rank writes its own file, so the checkpoints folder must be one folder shared by all
+nodes of a multi-machine job (the usual network file system) for them to be complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from shoal.dist.collectives import Communicator
+
+CHECKPOINTS = "checkpoints"
+COORDINATOR_FILE = "coordinator.pt"
+
+
+def folder_name(epoch: int) -> str:
+    return f"epoch-{epoch:05d}"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def _save(value: dict, path: Path) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    torch.save(value, temporary)
+    os.replace(temporary, path)
+
+
+def random_state(device: torch.device) -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_random_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+class Checkpointer:
+    """Writes this job's checkpoints; every rank calls `save` together (it has barriers)."""
+
+    def __init__(self, run_dir: Path, comm: Communicator, keep: int):
+        self.root = Path(run_dir) / CHECKPOINTS
+        self.comm, self.keep = comm, keep
+
+    def save(self, epoch: int, rank_state: dict, coordinator_state: dict | None) -> Path:
+        """Write checkpoint `epoch` (epochs completed); returns its final path."""
+        final = self.root / folder_name(epoch)
+        temporary = self.root / f".{folder_name(epoch)}.tmp"
+        if self.comm.rank == 0:
+            shutil.rmtree(temporary, ignore_errors=True)  # left by a writer that died
+            temporary.mkdir(parents=True)
+        self.comm.barrier()
+        temporary.mkdir(parents=True, exist_ok=True)  # a node without the shared folder
+        _save(rank_state, temporary / rank_file(self.comm.rank))
+        self.comm.barrier()
+        if self.comm.rank == 0:
+            _save({**(coordinator_state or {}), "epoch": epoch, "world_size": self.comm.world_size},
+                  temporary / COORDINATOR_FILE)
+            if final.exists():  # the same epoch redone after a restart
+                shutil.rmtree(final)
+            os.rename(temporary, final)
+            self.prune()
+        self.comm.barrier()
+        return final
+
+    def prune(self) -> None:
+        for old in sorted(self.root.glob("epoch-*"))[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+@dataclass
+class Found:
+    """A valid checkpoint and what its coordinator file says."""
+
+    path: Path
+    epoch: int
+    coordinator: dict
+
+
+def _valid(path: Path, world_size: int) -> tuple[dict | None, str]:
+    try:
+        coordinator = torch.load(path / COORDINATOR_FILE, map_location="cpu", weights_only=True)
+    except Exception as error:  # a truncated or missing file raises several kinds
+        return None, f"{path / COORDINATOR_FILE}: {type(error).__name__}: {error}"
+    if coordinator.get("world_size") != world_size:
+        return None, f"{path}: written by {coordinator.get('world_size')} workers, this job has {world_size}"
+    for rank in range(world_size):
+        try:
+            torch.load(path / rank_file(rank), map_location="cpu", weights_only=True)
+        except Exception as error:
+            return None, f"{path / rank_file(rank)}: {type(error).__name__}: {error}"
+    return coordinator, ""
+
+
+def find_latest(run_dir: Path, world_size: int) -> Found | None:
+    """The newest checkpoint whose files all load; damaged ones are skipped with a warning."""
+    root = Path(run_dir) / CHECKPOINTS
+    for path in sorted(root.glob("epoch-*"), reverse=True):
+        coordinator, problem = _valid(path, world_size)
+        if coordinator is not None:
+            return Found(path, int(coordinator["epoch"]), coordinator)
+        warnings.warn(f"skipping damaged checkpoint {problem}", stacklevel=2)
+    return None
+
+
+def load_rank(path: Path, rank: int) -> dict:
+    return torch.load(Path(path) / rank_file(rank), map_location="cpu", weights_only=True)

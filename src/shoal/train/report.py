@@ -1,0 +1,235 @@
+"""A finished (or running) job as a document: RUN_DIR/report.md plus three PNG plots.
+
+Like `shoal status`, it reads only `events.jsonl`, so it can be made for any run, anywhere,
+at any time. The plots show what the literature shows for these systems: loss and accuracy
+per epoch, where each epoch's time went (cNeural's Fig. 8), and each worker's pace.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from shoal.train.status import failure_text, latest_epochs, load_events
+
+REPORT_FILE = "report.md"
+SPLIT = ("compute", "communication", "data", "evaluation")
+METRIC_ORDER = ("loss", "accuracy", "auc")
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write report.md and its plots into the run directory; the report's path."""
+    run_dir = Path(run_dir)
+    events = load_events(run_dir)
+    epochs = latest_epochs(events)
+    images = []
+    if epochs:  # no epoch, nothing to draw
+        for name, draw, caption in PLOTS:
+            figure = draw(epochs)
+            save_atomically(run_dir / name, lambda path, figure=figure: FigureCanvasAgg(figure).print_png(path))
+            images.append((name, caption))
+    path = run_dir / REPORT_FILE
+    text = markdown(run_dir, events, epochs, images)
+    save_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    return path
+
+
+def save_atomically(path: Path, write) -> None:
+    """`write(temporary)` then rename: a reader never sees half a file, a crash leaves the old one."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def metric_names(epochs: list[dict]) -> list[str]:
+    """Test metrics seen in any epoch: loss, accuracy, auc first, then any others."""
+    seen = {key for record in epochs for key in record.get("test") or {}}
+    return [key for key in METRIC_ORDER if key in seen] + sorted(seen - set(METRIC_ORDER))
+
+
+# ---------------------------------------------------------------- plots
+
+
+def new_figure(panels: int = 1) -> tuple[Figure, list]:
+    figure = Figure(figsize=(6.4 * panels, 4.2), layout="constrained")
+    axes = [figure.add_subplot(1, panels, index + 1) for index in range(panels)]
+    for ax in axes:
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    return figure, axes
+
+
+def plot_loss(epochs: list[dict]) -> Figure:
+    """Train and test loss per epoch; accuracy and AUC in a second panel when there are any."""
+    others = [name for name in metric_names(epochs) if name != "loss"]
+    figure, axes = new_figure(2 if others else 1)
+    numbers = [record["epoch"] for record in epochs]
+    axes[0].plot(numbers, [record["train_loss"] for record in epochs], marker="o", label="train loss")
+    tested = [record for record in epochs if "loss" in (record.get("test") or {})]
+    if tested:  # with eval_every > 1 some epochs have no test metrics
+        axes[0].plot([r["epoch"] for r in tested], [r["test"]["loss"] for r in tested], marker="s",
+                     label="test loss")
+    axes[0].set_ylabel("loss")
+    axes[0].set_title("loss")
+    axes[0].legend()
+    if others:
+        for name in others:
+            scored = [record for record in epochs if name in (record.get("test") or {})]
+            axes[1].plot([r["epoch"] for r in scored], [r["test"][name] for r in scored], marker="o", label=name)
+        axes[1].set_ylabel("test metric")
+        axes[1].set_title("test metrics")
+        axes[1].legend()
+    return figure
+
+
+def plot_time_split(epochs: list[dict]) -> Figure:
+    """Per-epoch stacked bars of compute, communication, data and evaluation seconds."""
+    figure, (ax,) = new_figure()
+    numbers = [record["epoch"] for record in epochs]
+    bottom = [0.0] * len(epochs)
+    for part in SPLIT:
+        heights = [record["seconds_split"].get(part, 0.0) for record in epochs]
+        ax.bar(numbers, heights, bottom=bottom, label=part)
+        bottom = [low + height for low, height in zip(bottom, heights)]
+    ax.set_ylabel("seconds (mean over workers)")
+    ax.set_title("where each epoch's time went")
+    handles, labels = ax.get_legend_handles_labels()
+    # beside the bars, top part first, as stacked: inside, it would cover the tallest bar
+    ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return figure
+
+
+def plot_workers(epochs: list[dict]) -> Figure:
+    """Each worker's steps per second per epoch: a straggler is the line below the others."""
+    figure, (ax,) = new_figure()
+    ranks = sorted({worker["rank"] for record in epochs for worker in record["workers"]})
+    for rank in ranks:
+        points = [(record["epoch"], worker["steps_per_second"]) for record in epochs
+                  for worker in record["workers"] if worker["rank"] == rank]
+        host = next(worker.get("host", "?") for record in epochs for worker in record["workers"]
+                    if worker["rank"] == rank)
+        ax.plot([epoch for epoch, _ in points], [rate for _, rate in points], marker="o",
+                label=f"rank {rank} ({host})")
+    ax.set_ylabel("steps per second")
+    ax.set_title("worker pace")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), ncols=1 + len(ranks) // 16, fontsize="small")
+    return figure
+
+
+PLOTS = (
+    ("loss.png", plot_loss, "loss and test metrics per epoch"),
+    ("time_split.png", plot_time_split, "where each epoch's time went"),
+    ("workers.png", plot_workers, "steps per second of each worker"),
+)
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def number(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|",
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+def markdown(run_dir: Path, events: list[dict], epochs: list[dict], images: list[str]) -> str:
+    # job_resumed repeats job_start's details, as they were when the job went on
+    start = next((r for r in reversed(events) if r.get("event") in ("job_start", "job_resumed") and "job" in r), {})
+    end = next((r for r in reversed(events) if r.get("event") == "job_end"), None)
+    loaded = next((r for r in reversed(events) if r.get("event") == "data_loaded"), None)
+    name = start.get("job", run_dir.name)
+    lines = [f"# shoal report: {name}", ""]
+    if end is not None:
+        status = f"**{end['status']}**"
+        if "epochs" in end:  # a job that failed or was interrupted says only why
+            status += (f": {end['epochs']} epochs, {number(end.get('steps'), ',')} steps in "
+                       f"{number(end.get('seconds'), '.1f')} s")
+        lines += [status + (f": {end['message']}" if end.get("message") else "") + ".", ""]
+    else:
+        lines += ["**no job_end yet**: the job is running or ended without a word.", ""]
+
+    versions = ", ".join(f"{key} {value}" for key, value in start.get("versions", {}).items())
+    job_rows = [
+        ["run directory", f"`{run_dir}`"],
+        ["algorithm", str(start.get("algorithm", "?"))],
+        ["world size", f"{start.get('world_size', '?')} ({start.get('trainers', '?')} training)"],
+        ["hosts", ", ".join(sorted(set(start.get("hosts", [])))) or "?"],
+        ["threads per worker", str(start.get("threads", "?"))],
+        ["device", str(start.get("device", "?"))],
+        ["train rows", number(start.get("train_rows"), ",")],
+        ["test rows", number(start.get("test_rows"), ",")],
+        ["steps per epoch", number(start.get("steps_per_epoch"), ",")],
+        ["parameters", number(start.get("parameters"), ",")],
+        ["versions", versions or "?"],
+    ]
+    if loaded is not None:
+        job_rows.append(["data loading", f"{loaded['seconds']:.2f} s (slowest worker)"])
+    lines += ["## Job", "", *table(["", ""], job_rows), ""]
+
+    lines += ["## Epochs", ""]
+    if epochs:
+        metrics = metric_names(epochs)
+        header = ["epoch", "train loss", *(f"test {m}" for m in metrics), "samples/s",
+                  *(f"{part} s" for part in SPLIT), "epoch s"]
+        rows = []
+        for record in epochs:
+            test = record.get("test") or {}
+            rows.append([str(record["epoch"]), f"{record['train_loss']:.4f}",
+                         *(number(test.get(m), ".4f") for m in metrics),
+                         f"{record['samples_per_second']:,.0f}",
+                         *(f"{record['seconds_split'].get(part, 0.0):.2f}" for part in SPLIT),
+                         f"{record['seconds']:.2f}"])
+        samples = sum(record["samples"] for record in epochs)
+        seconds = sum(record["seconds"] for record in epochs)
+        rows.append(["**total**", "", *("" for _ in metrics), f"{samples / seconds:,.0f}" if seconds else "-",
+                     *(f"{sum(r['seconds_split'].get(part, 0.0) for r in epochs):.2f}" for part in SPLIT),
+                     f"{seconds:.2f}"])
+        lines += table(header, rows)
+        lines += ["", f"{samples:,} samples trained in {seconds:.2f} s of epochs. The split is the mean over "
+                  "workers; evaluation runs on the coordinator while the others wait.", ""]
+    else:
+        lines += ["No epoch finished.", ""]
+
+    lines += ["## Restarts and failures", ""]
+    incidents = []
+    restarting = False  # the job_resumed that a restarted job writes repeats its job_restarted
+    for record in events:
+        kind = record.get("event")
+        source = f"epoch {record.get('from_epoch')}'s checkpoint" if record.get("from_epoch") else "scratch"
+        if kind == "worker_failed":
+            incidents.append(f"- worker failed: {failure_text(record)}")
+        elif kind == "job_restarted":
+            incidents.append(f"- restart {record['restart']} from {source}, "
+                             f"epochs redone: {record.get('epochs_redone', '?')}")
+            restarting = True
+        elif kind == "job_resumed":
+            if not restarting:
+                incidents.append(f"- resumed from {source}")
+            restarting = False
+    attempts = [r for r in events if r.get("event") == "epoch_end"]
+    lost = sum(r["seconds"] for r in attempts) - sum(r["seconds"] for r in epochs)
+    if len(attempts) > len(epochs):
+        incidents.append(f"- {len(attempts) - len(epochs)} epoch(s) trained twice: {lost:.2f} s lost to restarts")
+    lines += incidents or ["None."]
+    checkpoints = [r for r in events if r.get("event") == "checkpoint"]
+    if checkpoints:
+        lines += ["", f"{len(checkpoints)} checkpoint(s) written; the latest: epoch {checkpoints[-1]['epoch']}, "
+                  f"`{checkpoints[-1]['path']}`."]
+    lines.append("")
+
+    if images:
+        lines += ["## Plots", ""]
+        for name, caption in images:
+            lines += [f"![{caption}]({name})", ""]
+    return "\n".join(lines)

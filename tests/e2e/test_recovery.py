@@ -1,0 +1,182 @@
+"""Surviving failures: restarts, resume, damaged checkpoints, stalled workers, NaN losses, interrupts."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from shoal.train.checkpoint import find_latest
+from shoal.train.events import read_events
+from tests.e2e.jobs import write_task
+
+TIMEOUT = 240
+EPOCHS = 4
+STEPS_PER_EPOCH = 47  # 6000 rows, 2 workers, batch 64
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return write_task(tmp_path_factory.mktemp("task"))
+
+
+def write_job(path: Path, task, *, action: str = "none", at: int = 0, marker: Path | None = None,
+              delay: float = 0.0, extra: str = "") -> Path:
+    train, test = task
+    path.write_text(f"""
+[model]
+factory = "tests.support.models:sabotaged"
+arguments = {{ action = "{action}", at = {at}, marker = "{marker or ''}", delay = {delay} }}
+[data]
+train = "{train}"
+test = "{test}"
+[algorithm]
+name = "averaging"
+[train]
+epochs = {EPOCHS}
+batch_size = 64
+optimizer = {{ name = "adam", lr = 0.003 }}
+[output]
+progress = "lines"
+{extra}
+""")
+    return path
+
+
+def shoal(*arguments, env, timeout=TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shoal", *map(str, arguments)], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def weights(run_dir: Path) -> dict:
+    return torch.load(run_dir / "model.pt", weights_only=True)["state_dict"]
+
+
+def assert_same_weights(run_dir: Path, reference: dict) -> None:
+    got = weights(run_dir)
+    assert got.keys() == reference.keys()
+    assert all(torch.equal(got[key], reference[key]) for key in got), "weights differ from the uninterrupted run"
+
+
+def events(run_dir: Path, kind: str) -> list[dict]:
+    return [e for e in read_events(run_dir) if e["event"] == kind]
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if text in " ".join(process.info["cmdline"] or []):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(task, tmp_path_factory, project_env_module):
+    """The final weights of the job run from start to end without trouble."""
+    folder = tmp_path_factory.mktemp("reference")
+    job = write_job(folder / "job.toml", task)
+    finished = shoal("train", job, "--workers", 2, "--run-dir", folder / "run", env=project_env_module)
+    assert finished.returncode == 0, finished.stderr
+    return folder / "run", weights(folder / "run")
+
+
+def test_killed_worker_is_restarted_from_the_checkpoint(task, uninterrupted, tmp_path, project_env):
+    job = write_job(tmp_path / "job.toml", task, action="kill", at=STEPS_PER_EPOCH + 20, marker=tmp_path / "fired")
+    run_dir = tmp_path / "run"
+    finished = shoal("train", job, "--workers", 2, "--run-dir", run_dir, "--max-restarts", 1, env=project_env)
+    assert finished.returncode == 0, finished.stderr
+    assert (tmp_path / "fired").exists()
+    failed = events(run_dir, "worker_failed")
+    assert len(failed) == 1 and failed[0]["rank"] == 1 and failed[0]["signal"] == "SIGKILL", failed
+    restarted = events(run_dir, "job_restarted")
+    assert restarted == [{**restarted[0], "restart": 1, "from_epoch": 1, "epochs_redone": 1}]
+    assert events(run_dir, "job_end")[-1]["status"] == "completed"
+    assert_same_weights(run_dir, uninterrupted[1])
+
+    report = shoal("report", run_dir, env=project_env)
+    assert report.returncode == 0, report.stderr
+    for name in ("report.md", "loss.png", "time_split.png", "workers.png"):
+        assert (run_dir / name).stat().st_size > 0
+    assert "restart" in (run_dir / "report.md").read_text().lower()
+
+
+def test_interrupt_then_resume_gives_the_uninterrupted_weights(task, uninterrupted, tmp_path, project_env):
+    job = write_job(tmp_path / "job.toml", task, delay=0.05)  # about 2.5 s per epoch
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, "-m", "shoal", "train", str(job), "--workers", "2",
+                                "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=project_env)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not any(e["epoch"] >= 2 for e in events(run_dir, "epoch_end")):
+            assert process.poll() is None and time.monotonic() < deadline, "the job ended before epoch 2"
+            time.sleep(0.05)
+        status = shoal("status", run_dir, env=project_env)  # a running job's status
+        assert status.returncode == 0, status.stderr
+        assert "running" in status.stdout and "epoch" in status.stdout
+        interrupted_at = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+        assert time.monotonic() - interrupted_at < 10, "workers took more than 10 s to stop"
+    finally:
+        process.kill()
+    assert process.returncode == 130, stderr
+    assert f"continue with: shoal train --resume {run_dir}" in stderr
+    assert events(run_dir, "job_end")[-1]["status"] == "interrupted"
+    assert not processes_mentioning(str(run_dir)), "a worker outlived the interrupt"
+    assert not list((run_dir / "checkpoints").glob(".*")), "a half-written checkpoint was left"
+    assert not (run_dir / "model.pt").exists()
+
+    finished = shoal("train", "--resume", run_dir, env=project_env)
+    assert finished.returncode == 0, finished.stderr
+    assert events(run_dir, "job_resumed")[-1]["from_epoch"] >= 2
+    assert_same_weights(run_dir, uninterrupted[1])
+
+
+def test_a_truncated_newest_checkpoint_is_skipped(uninterrupted, tmp_path, project_env):
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted[0], run_dir)
+    (run_dir / "model.pt").unlink()
+    newest = run_dir / "checkpoints" / f"epoch-{EPOCHS:05d}" / "rank-00001.pt"
+    newest.write_bytes(newest.read_bytes()[:100])
+    with pytest.warns(UserWarning, match="skipping damaged checkpoint .*rank-00001.pt"):
+        found = find_latest(run_dir, world_size=2)
+    assert found.epoch == EPOCHS - 1
+    finished = shoal("train", "--resume", run_dir, env=project_env)
+    assert finished.returncode == 0, finished.stderr
+    assert events(run_dir, "job_resumed")[-1]["from_epoch"] == EPOCHS - 1
+    assert_same_weights(run_dir, uninterrupted[1])
+
+
+def test_a_stopped_worker_fails_the_job_within_the_timeout(task, tmp_path, project_env):
+    job = write_job(tmp_path / "job.toml", task, action="stop", at=30, extra="[cluster]\ntimeout = 5")
+    run_dir = tmp_path / "run"
+    began = time.monotonic()
+    finished = shoal("train", job, "--workers", 2, "--run-dir", run_dir, env=project_env, timeout=120)
+    assert finished.returncode == 1, finished.stderr
+    last = finished.stderr.strip().splitlines()[-1]
+    assert "worker rank 1 on " in last and "stopped answering" in last, last
+    assert time.monotonic() - began < 60
+    assert not processes_mentioning(str(run_dir)), "the stopped worker was left behind"
+    assert events(run_dir, "worker_failed")[0]["rank"] == 1
+    assert events(run_dir, "job_end")[-1]["status"] == "failed"
+
+
+def test_a_nan_loss_stops_the_job_naming_epoch_and_step(task, tmp_path, project_env):
+    job = write_job(tmp_path / "job.toml", task, action="nan", at=STEPS_PER_EPOCH + 13)
+    run_dir = tmp_path / "run"
+    finished = shoal("train", job, "--workers", 2, "--run-dir", run_dir, "--max-restarts", 2, env=project_env)
+    assert finished.returncode == 2, finished.stderr
+    assert "loss is nan at epoch 2, step 13" in finished.stderr.strip().splitlines()[-1]
+    assert events(run_dir, "job_restarted") == []  # the same input would fail the same way
+    assert (run_dir / "checkpoints" / "epoch-00001" / "coordinator.pt").exists()
