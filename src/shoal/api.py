@@ -13,7 +13,7 @@ from shoal.dist.env import threads_per_worker
 from shoal.dist.launch import Interrupted, Nodes, launch
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
 from shoal.train.artifacts import load_model
-from shoal.train.checkpoint import find_latest
+from shoal.train.checkpoint import check_world_size, find_latest
 from shoal.train.events import EVENTS_FILE, append_event, read_events
 from shoal.train.prepare import prepare
 
@@ -73,6 +73,8 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
     fail again the same way and are not retried.
     """
     prepare(job)
+    if resume:
+        check_world_size(run_dir, job.cluster.workers * (nodes.count if nodes else 1))
     run_dir.mkdir(parents=True, exist_ok=True)
     job.output.run_dir = str(run_dir)
     job_file = run_dir / "job.toml"

@@ -180,3 +180,12 @@ def test_a_nan_loss_stops_the_job_naming_epoch_and_step(task, tmp_path, project_
     assert "loss is nan at epoch 2, step 13" in finished.stderr.strip().splitlines()[-1]
     assert events(run_dir, "job_restarted") == []  # the same input would fail the same way
     assert (run_dir / "checkpoints" / "epoch-00001" / "coordinator.pt").exists()
+
+
+def test_resuming_with_another_worker_count_is_refused(uninterrupted, tmp_path, project_env):
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted[0], run_dir)
+    finished = shoal("train", "--resume", run_dir, "--workers", 1, env=project_env)
+    assert finished.returncode == 2
+    assert finished.stderr.strip().endswith("resume with the same count (--workers 2 per machine for a one-machine "
+                                            "job), not 1")

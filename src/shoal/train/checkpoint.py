@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from shoal.dist.collectives import Communicator
+from shoal.errors import ConfigError
 
 CHECKPOINTS = "checkpoints"
 COORDINATOR_FILE = "coordinator.pt"
@@ -119,6 +120,19 @@ def find_latest(run_dir: Path, world_size: int) -> Found | None:
             return Found(path, int(coordinator["epoch"]), coordinator)
         warnings.warn(f"skipping damaged checkpoint {problem}", stacklevel=2)
     return None
+
+
+def check_world_size(run_dir: Path, world_size: int) -> None:
+    """Refuse to resume with another worker count than the checkpoints were written with."""
+    for path in sorted((Path(run_dir) / CHECKPOINTS).glob("epoch-*"), reverse=True):
+        try:
+            written = torch.load(path / COORDINATOR_FILE, map_location="cpu", weights_only=True)["world_size"]
+        except Exception:  # damaged: find_latest skips it with a warning
+            continue
+        if written != world_size:
+            raise ConfigError(f"{path}: written by {written} workers; resume with the same count "
+                              f"(--workers {written} per machine for a one-machine job), not {world_size}")
+        return
 
 
 def load_rank(path: Path, rank: int) -> dict:

@@ -248,6 +248,10 @@ def watch(run_dir: str | Path, interval: float = 2.0, stream=None, sleep=time.sl
         raise ShoalError(f"--watch: must be a number of seconds > 0, got {interval}")
     stream = stream or sys.stdout
     terminal = stream.isatty()
+    run_dir = Path(run_dir)
+    # a job just started has its job.toml but no events until its workers are up: wait for them
+    while (run_dir / "job.toml").is_file() and not (run_dir / EVENTS_FILE).is_file():
+        sleep(interval)
     summary = summarize(run_dir)  # a bad folder fails here, before the loop
     first = True
     try:
