@@ -28,7 +28,7 @@ def task(tmp_path_factory):
 
 
 def write_job(path: Path, task, *, action: str = "none", at: int = 0, marker: Path | None = None,
-              delay: float = 0.0, extra: str = "") -> Path:
+              delay: float = 0.0, extra: str = "", algorithm: str = "averaging") -> Path:
     train, test = task
     path.write_text(f"""
 [model]
@@ -38,7 +38,7 @@ arguments = {{ action = "{action}", at = {at}, marker = "{marker or ''}", delay 
 train = "{train}"
 test = "{test}"
 [algorithm]
-name = "averaging"
+name = "{algorithm}"
 [train]
 epochs = {EPOCHS}
 batch_size = 64
@@ -108,6 +108,19 @@ def test_killed_worker_is_restarted_from_the_checkpoint(task, uninterrupted, tmp
     for name in ("report.md", "loss.png", "time_split.png", "workers.png"):
         assert (run_dir / name).stat().st_size > 0
     assert "restart" in (run_dir / "report.md").read_text().lower()
+
+
+def test_killed_worker_with_sync_matches_too(task, tmp_path, project_env):
+    reference = write_job(tmp_path / "reference.toml", task, algorithm="sync")
+    finished = shoal("train", reference, "--workers", 2, "--run-dir", tmp_path / "reference", env=project_env)
+    assert finished.returncode == 0, finished.stderr
+    job = write_job(tmp_path / "job.toml", task, action="kill", at=2 * STEPS_PER_EPOCH + 5,
+                    marker=tmp_path / "fired", algorithm="sync")
+    run_dir = tmp_path / "run"
+    finished = shoal("train", job, "--workers", 2, "--run-dir", run_dir, "--max-restarts", 1, env=project_env)
+    assert finished.returncode == 0, finished.stderr
+    assert events(run_dir, "job_restarted")[0]["from_epoch"] == 2
+    assert_same_weights(run_dir, weights(tmp_path / "reference"))
 
 
 def test_interrupt_then_resume_gives_the_uninterrupted_weights(task, uninterrupted, tmp_path, project_env):

@@ -40,8 +40,10 @@ def test_train_writes_events_model_and_predictions(task, tmp_path, project_env):
     assert finished.stdout.count("epoch ") == 3  # plain lines: not a terminal
 
     events = list(read_events(run_dir))
-    kinds = [e["event"] for e in events]
-    assert kinds == ["job_start", "data_loaded", "epoch_end", "epoch_end", "epoch_end", "job_end"]
+    kinds = [e["event"] for e in events if e["event"] != "progress"]
+    assert kinds == ["job_start", "data_loaded"] + ["epoch_end", "checkpoint"] * 3 + ["job_end"]
+    assert [e["epoch"] for e in events if e["event"] == "checkpoint"] == [1, 2, 3]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["epoch-00002", "epoch-00003"]
     start = events[0]
     assert start["world_size"] == 2 and start["config"]["train"]["epochs"] == 3
     assert start["config"]["algorithm"]["name"] == "averaging"
