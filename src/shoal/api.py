@@ -9,12 +9,13 @@ from pathlib import Path
 import torch
 
 from shoal.config import JobConfig, from_dict, load_job
+from shoal.dist import heartbeat
 from shoal.dist.env import threads_per_worker
 from shoal.dist.launch import Interrupted, Nodes, launch
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
 from shoal.train.artifacts import load_model
-from shoal.train.checkpoint import check_world_size, find_latest
-from shoal.train.events import EVENTS_FILE, append_event, read_events
+from shoal.train.checkpoint import check_resumable, find_latest
+from shoal.train.events import append_event, read_events
 from shoal.train.prepare import prepare
 
 
@@ -72,21 +73,26 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
     the newest checkpoint. Errors in the user's input (exit status 2, a NaN loss among them) would
     fail again the same way and are not retried.
     """
-    prepare(job)
+    prepared = prepare(job)
+    world_size = job.cluster.workers * (nodes.count if nodes else 1)
+    if job.algorithm.name == "none" and world_size > 1:
+        raise ConfigError(f"algorithm.name: 'none' trains without communication; with {world_size} workers "
+                          "all but one would train for nothing: use 'sync' or 'averaging'")
     if resume:
-        check_world_size(run_dir, job.cluster.workers * (nodes.count if nodes else 1))
+        check_resumable(run_dir, job, prepared.spec, prepared.train_set.rows, world_size)
     run_dir.mkdir(parents=True, exist_ok=True)
     job.output.run_dir = str(run_dir)
     job_file = run_dir / "job.toml"
     job_file.write_text(job.to_toml())
     threads = threads_per_worker(job.cluster.threads, job.cluster.workers)
     restarts = 0
+    coordinator_here = nodes is None or nodes.count == 1 or nodes.rank == 0  # the node that writes events
     while True:
         try:
+            heartbeat.clear(run_dir)
             launch(job_file, run_dir, workers=job.cluster.workers, threads=threads, nodes=nodes, resume=resume)
             return
         except WorkerError as error:
-            coordinator_here = (run_dir / EVENTS_FILE).exists()  # only the coordinator's node has events
             if coordinator_here:
                 append_event(run_dir, "worker_failed", **getattr(error, "fields", {"message": str(error)}))
             if error.exit_code == EXIT_USAGE or restarts >= max_restarts:
@@ -96,13 +102,13 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
             restarts += 1
             resume = True
             if coordinator_here:
-                found = find_latest(run_dir, job.cluster.workers * (nodes.count if nodes else 1))
+                found = find_latest(run_dir, world_size)
                 from_epoch = found.epoch if found else 0
                 reached = max((e["epoch"] for e in read_events(run_dir) if e["event"] == "epoch_end"), default=0)
                 append_event(run_dir, "job_restarted", restart=restarts, from_epoch=from_epoch,
                              epochs_redone=reached + 1 - from_epoch)
         except Interrupted as interrupt:
-            if (run_dir / EVENTS_FILE).exists():
+            if coordinator_here:
                 append_event(run_dir, "job_end", status="interrupted", message=str(interrupt))
             raise
 

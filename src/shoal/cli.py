@@ -27,6 +27,13 @@ def command_train(args: argparse.Namespace) -> int:
         run_dir = new_run_dir(job, args.run_dir)
     if args.max_restarts < 0:
         raise ShoalError(f"--max-restarts: must be >= 0, got {args.max_restarts}")
+    if args.nnodes < 1:
+        raise ShoalError(f"--nnodes: must be >= 1, got {args.nnodes}")
+    if args.node_rank is not None and not 0 <= args.node_rank < args.nnodes:
+        raise ShoalError(f"--node-rank: must be in 0..{args.nnodes - 1}, got {args.node_rank}")
+    if args.nnodes > 1 and args.run_dir is None and args.resume is None and not job.output.run_dir:
+        # each machine would pick its own dated folder and checkpoints would never be whole
+        raise ShoalError("--run-dir: required with --nnodes > 1 (the same folder, shared by all machines)")
     nodes = Nodes(count=args.nnodes, rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id,
                   backend=args.rdzv_backend)
     try:

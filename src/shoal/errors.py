@@ -11,6 +11,8 @@ EXIT_USAGE = 2
 class ShoalError(Exception):
     """A problem with the user's input, described in one line that names the culprit."""
 
+    exit_code = EXIT_USAGE
+
 
 class ConfigError(ShoalError):
     """A job file or override names an unknown key or holds a bad value."""
@@ -22,3 +24,5 @@ class DataError(ShoalError):
 
 class WorkerError(ShoalError):
     """A worker process of a job failed; the message names its rank and host."""
+
+    exit_code = 1

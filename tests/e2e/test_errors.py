@@ -24,6 +24,9 @@ CASES = {
     "no workers": ([], ["--workers", "0"], "--workers: must be an integer >= 1, got 0"),
     "bad optimizer argument": ([], ["--set", "train.optimizer.momentum_typo=0.9"], "train.optimizer.momentum_typo"),
     "bad period": ([], ["--set", "algorithm.period=0"], "algorithm.period: must be"),
+    "no algorithm with workers": ([], ["--set", "algorithm.name='none'", "--workers", "2"],
+                                  "algorithm.name: 'none' trains without communication"),
+    "node rank": ([], ["--nnodes", "2", "--node-rank", "2"], "--node-rank: must be in 0..1, got 2"),
 }
 
 
@@ -41,6 +44,17 @@ def test_bad_input_is_one_line_naming_the_culprit(case, task, tmp_path, capsys):
     assert len(error.splitlines()) == 1, error
     assert expected in error
     assert not run_dir.exists()
+
+
+def test_many_machines_need_one_shared_run_directory(task, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train, test = task
+    job = write_job(tmp_path / "job.toml", train, test)
+    status = main(["train", str(job), "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400"])
+    assert status == 2
+    assert capsys.readouterr().err.strip() == (
+        "shoal: error: --run-dir: required with --nnodes > 1 (the same folder, shared by all machines)")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_exit_status_and_message_from_the_command(task, tmp_path, project_env):

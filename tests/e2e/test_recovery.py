@@ -195,6 +195,15 @@ def test_a_nan_loss_stops_the_job_naming_epoch_and_step(task, tmp_path, project_
     assert (run_dir / "checkpoints" / "epoch-00001" / "coordinator.pt").exists()
 
 
+def test_resuming_with_another_batch_size_is_refused(uninterrupted, tmp_path, project_env):
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted[0], run_dir)
+    finished = shoal("train", "--resume", run_dir, "--set", "train.batch_size=32", env=project_env)
+    assert finished.returncode == 2
+    assert "train.batch_size: the checkpoints in" in finished.stderr
+    assert "(64, now 32); resume with the same one" in finished.stderr
+
+
 def test_resuming_with_another_worker_count_is_refused(uninterrupted, tmp_path, project_env):
     run_dir = tmp_path / "run"
     shutil.copytree(uninterrupted[0], run_dir)

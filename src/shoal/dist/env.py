@@ -67,11 +67,16 @@ def init_process_group(info: DistInfo, device: torch.device, timeout: float) -> 
 
 
 def choose_device(name: str, info: DistInfo) -> torch.device:
-    """The device for this rank: local rank n uses cuda:n when CUDA is asked for or present."""
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
+    """The device for this rank: local rank n uses cuda:n when CUDA is asked for, or present for all."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # NCCL refuses two ranks on one GPU: "auto" uses the CPU unless every local worker gets its own
+    if name == "cuda" or (name == "auto" and 0 < info.local_world_size <= gpus):
+        if gpus == 0:
             raise ShoalError("cluster.device: 'cuda' asked for but no CUDA device is available")
-        index = info.local_rank % torch.cuda.device_count()
+        if info.local_world_size > gpus:
+            raise ShoalError(f"cluster.device: 'cuda' with {info.local_world_size} workers on a machine with "
+                             f"{gpus} GPU(s): use at most one worker per GPU")
+        index = info.local_rank
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device("cpu")

@@ -63,11 +63,20 @@ def end_silent_peer(run_dir: Path, rank: int, host: str, silent_for: float) -> d
     quiet = fell_silent(run_dir, silent_for)
     if quiet is None or quiet["rank"] == rank or quiet["host"] != host:
         return None
-    try:
+    try:  # only a shoal worker: a pid from an old heartbeat may belong to anything by now
+        with open(f"/proc/{quiet['pid']}/cmdline", "rb") as handle:
+            if b"shoal.worker" not in handle.read():
+                return None
         os.kill(quiet["pid"], signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    except OSError:
         return None
     return quiet
+
+
+def clear(run_dir: Path) -> None:
+    """Forget the heartbeats of an earlier attempt, which would blame the wrong rank."""
+    for path in (Path(run_dir) / HEARTBEATS).glob("rank-*"):
+        path.unlink(missing_ok=True)
 
 
 def fell_silent(run_dir: Path, gap: float) -> dict | None:

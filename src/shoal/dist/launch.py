@@ -22,7 +22,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from shoal.errors import EXIT_USAGE, WorkerError
+from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
 from shoal.dist.heartbeat import HEARTBEAT_SECONDS, fell_silent
 
 SHUTDOWN_SECONDS = 5  # after SIGTERM, how long workers get before SIGKILL
@@ -43,7 +43,7 @@ class Nodes:
         if self.count == 1 and self.endpoint is None:
             return "c10d", "127.0.0.1:0", {}
         if self.endpoint is None:
-            raise WorkerError("--rdzv-endpoint HOST:PORT is required when --nnodes > 1")
+            raise ConfigError("--rdzv-endpoint: HOST:PORT is required when --nnodes > 1")
         backend = self.backend or ("static" if self.rank is not None else "c10d")
         configs = {"rank": self.rank} if backend == "static" else {}
         return backend, self.endpoint, configs
@@ -82,6 +82,9 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, nodes: 
         raise describe_failure(error, run_dir) from None
     except SignalException as error:  # Ctrl-C or SIGTERM: the agent has stopped the workers
         raise Interrupted(error.sigval) from None
+    except (RuntimeError, ValueError, TimeoutError, OSError) as error:  # rendezvous or store: workers never ran
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise WorkerError(f"could not start the workers through rendezvous {endpoint}: {reason}") from None
     finally:
         quiet.setLevel(level)
 
@@ -97,7 +100,9 @@ class Interrupted(Exception):
 
 def _lost_peer(message: str) -> bool:
     """A worker's error that only says another worker went away: a consequence, not the cause."""
-    return any(text in message for text in ("Connection reset by peer", "Connection closed by peer"))
+    consequences = ("Connection reset by peer", "Connection closed by peer", "remote process exited",
+                    "communicator was aborted", "NCCL communicator", "DistBackendError")
+    return any(text in message for text in consequences)
 
 
 def describe_failure(error: ChildFailedError, run_dir: Path) -> WorkerError:

@@ -92,10 +92,16 @@ def predict(run_dir: str | Path, dataset_path: str, out: str | Path, batch_size:
         columns["label"] = labels
     table = pa.table(columns)
     out = Path(out)
+    if not out.parent.is_dir():
+        raise ShoalError(f"--out: folder {out.parent} does not exist")
     temporary = out.with_name(f".{out.name}.tmp")
-    if out.suffix == ".csv":
-        pacsv.write_csv(table, temporary)
-    else:
-        pq.write_table(table, temporary)
-    os.replace(temporary, out)
+    try:
+        if out.suffix == ".csv":
+            pacsv.write_csv(table, temporary)
+        else:
+            pq.write_table(table, temporary)
+        os.replace(temporary, out)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise ShoalError(f"{out}: cannot write predictions: {error}") from None
     return len(features)

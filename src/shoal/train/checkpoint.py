@@ -13,11 +13,13 @@ nodes of a multi-machine job (the usual network file system) for them to be comp
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from shoal.dist.collectives import Communicator
@@ -42,7 +44,13 @@ def _save(value: dict, path: Path) -> None:
 
 
 def random_state(device: torch.device) -> dict:
-    state = {"torch": torch.get_rng_state()}
+    """Every generator a model or factory may draw from, as tensors and plain data (weights_only)."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": position,
+                       "has_gauss": has_gauss, "cached": cached},
+             "python": {"version": version, "internal": list(internal), "gauss": gauss}}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
@@ -50,6 +58,13 @@ def random_state(device: torch.device) -> dict:
 
 def restore_random_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        numpy_state = state["numpy"]
+        np.random.set_state((numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32),
+                             numpy_state["position"], numpy_state["has_gauss"], numpy_state["cached"]))
+    if "python" in state:
+        python_state = state["python"]
+        random.setstate((python_state["version"], tuple(python_state["internal"]), python_state["gauss"]))
     if "cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
 
@@ -122,16 +137,36 @@ def find_latest(run_dir: Path, world_size: int) -> Found | None:
     return None
 
 
-def check_world_size(run_dir: Path, world_size: int) -> None:
-    """Refuse to resume with another worker count than the checkpoints were written with."""
+def fingerprint(job, spec: dict, train_rows: int, world_size: int) -> dict:
+    """What a resumed job must share with the one that wrote the checkpoints, by job key."""
+    return {
+        "cluster.workers": world_size,
+        "algorithm": {"name": job.algorithm.name, **job.algorithm.options},
+        "model": spec,
+        "train.optimizer.name": job.train.optimizer["name"],
+        "train.batch_size": job.train.batch_size,
+        "train.seed": job.train.seed,
+        "data.train": train_rows,
+    }
+
+
+def check_resumable(run_dir: Path, job, spec: dict, train_rows: int, world_size: int) -> None:
+    """Refuse to resume a job that differs from the checkpoints' in what would change its course."""
+    wanted = fingerprint(job, spec, train_rows, world_size)
     for path in sorted((Path(run_dir) / CHECKPOINTS).glob("epoch-*"), reverse=True):
         try:
-            written = torch.load(path / COORDINATOR_FILE, map_location="cpu", weights_only=True)["world_size"]
+            written = torch.load(path / COORDINATOR_FILE, map_location="cpu", weights_only=True)
         except Exception:  # damaged: find_latest skips it with a warning
             continue
-        if written != world_size:
-            raise ConfigError(f"{path}: written by {written} workers; resume with the same count "
-                              f"(--workers {written} per machine for a one-machine job), not {world_size}")
+        recorded = written.get("fingerprint", {"cluster.workers": written.get("world_size")})
+        for key, value in recorded.items():
+            if wanted.get(key) != value:
+                if key == "cluster.workers":
+                    raise ConfigError(f"{path}: written by {value} workers; resume with the same count "
+                                      f"(--workers {value} per machine for a one-machine job), not {wanted[key]}")
+                what = "rows" if key == "data.train" else "value"
+                raise ConfigError(f"{key}: the checkpoints in {path.parent} were written with another {what} "
+                                  f"({value!r}, now {wanted.get(key)!r}); resume with the same one")
         return
 
 

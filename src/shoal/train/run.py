@@ -9,6 +9,7 @@ job would have had.
 from __future__ import annotations
 
 import platform
+import random
 import time
 from pathlib import Path
 
@@ -23,9 +24,18 @@ from shoal.data.loader import ShardLoader
 from shoal.dist.collectives import Communicator
 from shoal.dist.env import DistInfo, choose_device
 from shoal.dist.heartbeat import Heartbeat
+from shoal.errors import ConfigError
 from shoal.model import build_model
 from shoal.train.artifacts import save_model
-from shoal.train.checkpoint import Checkpointer, find_latest, load_rank, random_state, restore_random_state
+from shoal.train.checkpoint import (
+    Checkpointer,
+    check_resumable,
+    find_latest,
+    fingerprint,
+    load_rank,
+    random_state,
+    restore_random_state,
+)
 from shoal.train.events import EventLog, read_events
 from shoal.train.loop import EpochStats, Trainer
 from shoal.train.objective import evaluate
@@ -43,6 +53,7 @@ def versions() -> dict[str, str]:
 def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
+    random.seed(seed)
 
 
 def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resume: bool = False) -> dict:
@@ -59,6 +70,8 @@ def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resu
     algorithm.setup(model, optimizer, comm)
     seed_everything(job.train.seed + 1 + info.rank)  # dropout differs between ranks
     trainers = algorithm.trainer_ranks(info.world_size)
+    if job.algorithm.name == "none" and info.world_size > 1:
+        raise ConfigError("algorithm.name: 'none' trains without communication; use it with one worker")
     if info.rank not in trainers:
         algorithm.serve()
         return {}
@@ -74,7 +87,10 @@ def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resu
     checkpointer = Checkpointer(run_dir, comm, job.checkpoint.keep)
 
     start_epoch, final = 0, {}
+    identity = fingerprint(job, prepared.spec, prepared.train_set.rows, info.world_size)
     if resume:
+        if coordinator:  # also here for jobs started by torchrun or srun, which skip the launcher's check
+            check_resumable(run_dir, job, prepared.spec, prepared.train_set.rows, info.world_size)
         found = comm.broadcast_object(find_latest(run_dir, info.world_size) if coordinator else None)
         if found is not None:
             state = load_rank(found.path, info.rank)
@@ -129,7 +145,8 @@ def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resu
             rank_state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                           "algorithm": algorithm.state_dict(), "global_step": trainer.global_step,
                           "random": random_state(device)}
-            path = checkpointer.save(epoch + 1, rank_state, {"test": final} if coordinator else None)
+            path = checkpointer.save(epoch + 1, rank_state,
+                                     {"test": final, "fingerprint": identity} if coordinator else None)
             if coordinator:
                 events.write("checkpoint", epoch=epoch + 1, path=str(path), seconds=time.perf_counter() - began)
     if coordinator:
