@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "FitResult": "shoal.api",
     "fit": "shoal.api",
+    "resume": "shoal.api",
     "JobConfig": "shoal.config",
     "load_job": "shoal.config",
     "ShoalError": "shoal.errors",

@@ -114,12 +114,24 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
 
 
 def fit(job: str | Path | JobConfig | dict, *, workers: int | None = None, run_dir: str | Path | None = None,
-        overrides=()) -> FitResult:
-    """Train a job (a job file, a dict shaped like one, or a JobConfig) and return its results."""
+        overrides=(), max_restarts: int = 0) -> FitResult:
+    """Train a job (a job file, a dict shaped like one, or a JobConfig) and return its results.
+
+    With `max_restarts`, failed workers are restarted from the newest checkpoint that many times.
+    """
     config = resolve_job(job, overrides, workers)
     directory = new_run_dir(config, run_dir)
-    start(config, directory)
+    start(config, directory, max_restarts=max_restarts)
     return result(directory)
+
+
+def resume(run_dir: str | Path, *, overrides=(), max_restarts: int = 0) -> FitResult:
+    """Continue a stopped run from its newest checkpoint (as `shoal train --resume RUN_DIR`)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "job.toml").exists():
+        raise ConfigError(f"{run_dir}: no job.toml: not a shoal run directory")
+    start(resolve_job(run_dir / "job.toml", overrides), run_dir, resume=True, max_restarts=max_restarts)
+    return result(run_dir)
 
 
 def result(run_dir: str | Path) -> FitResult:

@@ -92,6 +92,10 @@ def test_fit_returns_metrics_and_model(task, tmp_path, monkeypatch):
     assert result.run_dir.parent.name == "runs"
     assert sum(p.numel() for p in result.model.parameters()) == 20 * 16 + 16 + 16 * 2 + 2
 
+    longer = shoal.resume(result.run_dir, overrides=["train.epochs=3"])  # one more epoch from the checkpoint
+    assert [e["epoch"] for e in longer.epochs] == [1, 2, 3]
+    assert longer.metrics["accuracy"] > 0.8
+
 
 def test_a_failing_worker_ends_the_job_with_its_error(task, tmp_path, project_env):
     train, _ = task
