@@ -289,3 +289,16 @@ def test_missing_parquet_file(small):
     os.remove(small / "part-00000.parquet")
     with pytest.raises(DataError, match="part-00000.parquet"):
         open_dataset(str(small)).read_all()
+
+
+def test_a_dataset_opens_through_a_filesystem_uri(tmp_path):
+    # Any pyarrow filesystem URI works (file:// here; s3:// and hdfs:// go through the same code).
+    features = np.arange(30, dtype=np.float32).reshape(10, 3)
+    with DatasetWriter(str(tmp_path / "data"), (3,), "float32", row_group_size=4) as writer:
+        writer.write(features, np.arange(10) % 2)
+    dataset = open_dataset((tmp_path / "data").as_uri())
+    got, labels = dataset.read_rows(3, 9)
+    np.testing.assert_array_equal(got, features[3:9])
+    np.testing.assert_array_equal(labels, (np.arange(10) % 2)[3:9])
+    with pytest.raises(DataError, match="dataset not found"):
+        open_dataset((tmp_path / "missing").as_uri())
