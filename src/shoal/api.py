@@ -16,7 +16,7 @@ from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
 from shoal.train.artifacts import load_model
 from shoal.train.checkpoint import check_resumable, find_latest
 from shoal.train.events import append_event, read_events
-from shoal.train.prepare import prepare
+from shoal.train.prepare import check_world_size, prepare
 
 
 @dataclass
@@ -75,9 +75,7 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
     """
     prepared = prepare(job)
     world_size = job.cluster.workers * (nodes.count if nodes else 1)
-    if job.algorithm.name == "none" and world_size > 1:
-        raise ConfigError(f"algorithm.name: 'none' trains without communication; with {world_size} workers "
-                          "all but one would train for nothing: use 'sync' or 'averaging'")
+    check_world_size(job, world_size)
     if resume:
         check_resumable(run_dir, job, prepared.spec, prepared.train_set.rows, world_size)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -68,6 +68,13 @@ def model_spec(job: JobConfig, train_set: Dataset) -> dict:
     return {"input": input_shape, "layers": job.model.layers}
 
 
+def check_world_size(job: JobConfig, world_size: int) -> None:
+    """Settings that make no sense for this many workers."""
+    if job.algorithm.name == "none" and world_size > 1:
+        raise ConfigError(f"algorithm.name: 'none' trains without communication; with {world_size} workers "
+                          "all but one would train for nothing: use 'sync' or 'averaging'")
+
+
 def prepare(job: JobConfig) -> Prepared:
     """Open the datasets, build the model once and check that it fits them."""
     train_set = open_dataset(job.data.train)

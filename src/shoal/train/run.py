@@ -24,7 +24,6 @@ from shoal.data.loader import ShardLoader
 from shoal.dist.collectives import Communicator
 from shoal.dist.env import DistInfo, choose_device
 from shoal.dist.heartbeat import Heartbeat
-from shoal.errors import ConfigError
 from shoal.model import build_model
 from shoal.train.artifacts import save_model
 from shoal.train.checkpoint import (
@@ -39,7 +38,7 @@ from shoal.train.checkpoint import (
 from shoal.train.events import EventLog, read_events
 from shoal.train.loop import EpochStats, Trainer
 from shoal.train.objective import evaluate
-from shoal.train.prepare import make_optimizer, prepare
+from shoal.train.prepare import check_world_size, make_optimizer, prepare
 from shoal.train.progress import Progress
 
 PROGRESS_SECONDS = 5.0  # how often the coordinator records the step it is at
@@ -70,8 +69,7 @@ def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resu
     algorithm.setup(model, optimizer, comm)
     seed_everything(job.train.seed + 1 + info.rank)  # dropout differs between ranks
     trainers = algorithm.trainer_ranks(info.world_size)
-    if job.algorithm.name == "none" and info.world_size > 1:
-        raise ConfigError("algorithm.name: 'none' trains without communication; use it with one worker")
+    check_world_size(job, info.world_size)  # again here for jobs started by torchrun or srun
     if info.rank not in trainers:
         algorithm.serve()
         return {}
