@@ -24,18 +24,22 @@ def write_task(folder: Path, rows: int = 6000, test_rows: int = 1000) -> tuple[P
     return paths[0], paths[1]
 
 
-def write_job(path: Path, train: Path, test: Path | None, *, extra: str = "", algorithm: str = "averaging") -> Path:
+MODEL = 'layers = [{ dense = 32, activation = "relu" }, { dropout = 0.1 }, { dense = 2 }]'
+
+
+def write_job(path: Path, train: Path, test: Path | None, *, extra: str = "", algorithm: str = "averaging",
+              model: str = MODEL, epochs: int = 2) -> Path:
     test_line = f'test = "{test}"' if test else ""
     path.write_text(f"""
 [model]
-layers = [{{ dense = 32, activation = "relu" }}, {{ dropout = 0.1 }}, {{ dense = 2 }}]
+{model}
 [data]
 train = "{train}"
 {test_line}
 [algorithm]
 name = "{algorithm}"
 [train]
-epochs = 2
+epochs = {epochs}
 batch_size = 64
 optimizer = {{ name = "adam", lr = 0.003 }}
 [output]

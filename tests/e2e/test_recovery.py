@@ -15,6 +15,7 @@ import torch
 
 from shoal.train.checkpoint import find_latest
 from shoal.train.events import read_events
+from tests.e2e.jobs import write_job as write_task_job
 from tests.e2e.jobs import write_task
 
 TIMEOUT = 240
@@ -29,25 +30,10 @@ def task(tmp_path_factory):
 
 def write_job(path: Path, task, *, action: str = "none", at: int = 0, marker: Path | None = None,
               delay: float = 0.0, extra: str = "", algorithm: str = "averaging") -> Path:
-    train, test = task
-    path.write_text(f"""
-[model]
-factory = "tests.support.models:sabotaged"
-arguments = {{ action = "{action}", at = {at}, marker = "{marker or ''}", delay = {delay} }}
-[data]
-train = "{train}"
-test = "{test}"
-[algorithm]
-name = "{algorithm}"
-[train]
-epochs = {EPOCHS}
-batch_size = 64
-optimizer = {{ name = "adam", lr = 0.003 }}
-[output]
-progress = "lines"
-{extra}
-""")
-    return path
+    """A job whose model misbehaves on cue (tests.support.models:sabotaged)."""
+    model = (f'factory = "tests.support.models:sabotaged"\n'
+             f'arguments = {{ action = "{action}", at = {at}, marker = "{marker or ""}", delay = {delay} }}')
+    return write_task_job(path, *task, extra=extra, algorithm=algorithm, model=model, epochs=EPOCHS)
 
 
 def shoal(*arguments, env, timeout=TIMEOUT) -> subprocess.CompletedProcess:
