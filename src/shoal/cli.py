@@ -49,11 +49,17 @@ def command_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def comma_list(text: str) -> list[str]:
+    """`a, b,c` -> ['a', 'b', 'c'], for options that take a list."""
+    return [item.strip() for item in text.split(",")]
+
+
 def command_import(args: argparse.Namespace) -> int:
     from shoal.data.importers import import_dataset
 
     dataset = import_dataset(args.source, args.out, args.format, n_features=args.n_features, label=args.label,
-                             rows_per_file=args.rows_per_file, overwrite=args.force)
+                             features=args.features, categorical=args.categorical, encoding_from=args.encoding_from,
+                             classes=args.classes, rows_per_file=args.rows_per_file, overwrite=args.force)
     print(f"{args.out}: {dataset.rows:,} rows, sample shape {list(dataset.shape)}, classes {dataset.classes}")
     return 0
 
@@ -66,10 +72,47 @@ def command_synth(args: argparse.Namespace) -> int:
     if args.kind == "binary":
         dataset = synthetic.synth_binary(args.out, args.rows, features=args.features, seed=args.seed,
                                          task_seed=args.task_seed, overwrite=args.force)
+    elif args.kind == "claims":
+        from shoal.data import claims
+
+        rate = claims.POSITIVES_PER_MILLION if args.positives_per_million is None else args.positives_per_million
+        dataset = claims.synth_claims(args.out, args.rows, seed=args.seed, task_seed=args.task_seed,
+                                      positives_per_million=rate, overwrite=args.force)
     else:
         dataset = synthetic.synth_digits(args.out, args.rows, seed=args.seed, task_seed=args.task_seed,
                                          overwrite=args.force)
     print(f"{args.out}: {dataset.rows:,} rows, sample shape {list(dataset.shape)}, classes {dataset.classes}")
+    return 0
+
+
+def command_describe(args: argparse.Namespace) -> int:
+    import json
+
+    from shoal.data.describe import describe, render
+
+    description = describe(args.dataset)
+    print(json.dumps(description, indent=1, default=str) if args.json else render(description))
+    return 0
+
+
+def command_split(args: argparse.Namespace) -> int:
+    from shoal.data.derive import parse_fraction, split
+
+    test = parse_fraction(args.test, f"{args.dataset}: --test")
+    for dataset in split(args.dataset, test=test, stratify=args.stratify, seed=args.seed, train_out=args.out_train,
+                         test_out=args.out_test):
+        print(f"{dataset.path}: {dataset.rows:,} rows")
+    return 0
+
+
+def command_sample(args: argparse.Namespace) -> int:
+    from shoal.data.derive import parse_ratio, sample
+
+    ratio = parse_ratio(args.ratio, f"{args.dataset}: --ratio")
+    dataset = sample(args.dataset, args.out, ratio=ratio, seed=args.seed, minority=args.minority)
+    how = dataset.meta["derived"][-1]
+    print(f"{args.out}: {dataset.rows:,} rows: {how['minority_rows']:,} of class {how['minority']!r} and "
+          f"{how['majority_rows']:,} of the others (ratio {how['ratio']})")
     return 0
 
 
@@ -120,28 +163,62 @@ def parser() -> argparse.ArgumentParser:
                          help="default: static with --node-rank, else c10d")
     train.set_defaults(handler=command_train)
 
-    data = commands.add_parser("data", help="datasets: import, synthesize").add_subparsers(dest="data_command",
-                                                                                         required=True)
+    data = commands.add_parser("data", help="datasets: import, synthesize, describe, split, sample")
+    data = data.add_subparsers(dest="data_command", required=True)
     importer = data.add_parser("import", help="convert a file into a shoal dataset folder")
     importer.add_argument("source", help="the input file")
     importer.add_argument("out", help="the dataset folder to create")
-    importer.add_argument("--format", required=True, choices=["libsvm", "csv", "npy"])
+    importer.add_argument("--format", required=True, choices=["csv", "libsvm", "idx", "npy", "npz", "hdf5", "parquet"])
     importer.add_argument("--n-features", type=int, help="feature count (LIBSVM files may not show the last ones)")
-    importer.add_argument("--label", help="label column (csv: name or index; npy: the labels .npy file)")
+    importer.add_argument("--label", help="csv, parquet: the label column, name or 0-based index (default: the last); "
+                          "npy, idx: the labels file; hdf5: the labels dataset (default y or label)")
+    importer.add_argument("--features", metavar="NAME", help="hdf5: the features dataset (default x or features)")
+    importer.add_argument("--categorical", type=comma_list, metavar="COL[,COL...]",
+                          help="csv, parquet: text columns to one-hot encode, names or 0-based indices")
+    importer.add_argument("--encoding-from", metavar="DATASET_DIR",
+                          help="csv, parquet: encode as this dataset was (same columns, categories, order)")
+    importer.add_argument("--classes", type=comma_list, metavar="LABEL[,LABEL...]",
+                          help="the allowed labels: a row with any other label fails the import")
     importer.add_argument("--rows-per-file", type=int, default=1_000_000, help="rows per Parquet file")
     importer.add_argument("--force", action="store_true", help="replace an existing output folder")
     importer.set_defaults(handler=command_import)
 
     synth = data.add_parser("synth", help="generate a synthetic dataset")
-    synth.add_argument("kind", choices=["binary", "digits"],
-                       help="binary: a learnable two-class task; digits: MNIST-shaped 28x28 images")
+    synth.add_argument("kind", choices=["binary", "digits", "claims"],
+                       help="binary: a learnable two-class task; digits: MNIST-shaped 28x28 images; "
+                            "claims: Medicare Part B-like provider rows with rare fraud labels")
     synth.add_argument("--rows", type=int, required=True)
     synth.add_argument("--out", required=True, help="the dataset folder to create")
     synth.add_argument("--features", type=int, default=32, help="features (binary only)")
     synth.add_argument("--seed", type=int, default=0, help="draws the rows")
     synth.add_argument("--task-seed", type=int, default=0, help="fixes the task: train and test sets share it")
+    synth.add_argument("--positives-per-million", type=float, metavar="P",
+                       help="claims only: positive rows per million (default 424.2, the study's 1,400 in 3.3 million)")
     synth.add_argument("--force", action="store_true", help="replace an existing output folder")
     synth.set_defaults(handler=command_synth)
+
+    describe = data.add_parser("describe", help="rows, shape, classes and their counts, files and bytes of a dataset")
+    describe.add_argument("dataset", help="a dataset folder (local path or URI)")
+    describe.add_argument("--json", action="store_true", help="print everything as JSON")
+    describe.set_defaults(handler=command_describe)
+
+    split = data.add_parser("split", help="split a dataset at random into a training and a test set")
+    split.add_argument("dataset", help="a dataset folder (local path or URI)")
+    split.add_argument("--test", required=True, metavar="FRACTION", help="share of the rows in the test set, e.g. 0.2")
+    split.add_argument("--stratify", action="store_true", help="keep each class's proportion on both sides")
+    split.add_argument("--seed", type=int, default=0, help="draws the split")
+    split.add_argument("--out-train", help="the training set folder to create (default DATASET-train)")
+    split.add_argument("--out-test", help="the test set folder to create (default DATASET-test)")
+    split.set_defaults(handler=command_split)
+
+    sample = data.add_parser("sample", help="under-sample the majority to a minority:majority ratio")
+    sample.add_argument("dataset", help="a dataset folder (local path or URI)")
+    sample.add_argument("--ratio", required=True, metavar="MINORITY:MAJORITY",
+                        help="e.g. 1:25 keeps every minority row and 25 majority rows for each")
+    sample.add_argument("--out", required=True, help="the dataset folder to create")
+    sample.add_argument("--seed", type=int, default=0, help="draws the majority rows")
+    sample.add_argument("--minority", metavar="LABEL", help="the minority class (default: the class with fewest rows)")
+    sample.set_defaults(handler=command_sample)
 
     predict = commands.add_parser("predict", help="predict a dataset with a trained run's model")
     predict.add_argument("run_dir", help="a finished run directory")

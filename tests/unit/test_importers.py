@@ -1,5 +1,8 @@
 """Importers: exact round trips for LIBSVM, CSV and NumPy sources, and clean failures.
 
+IDX, HDF5, Parquet, one-hot encoding, the command line and memory have their own
+`test_import_*.py` files, which share this file's helpers.
+
 Every failure case checks the message (file, and line where there is one) and that neither the
 output folder nor the writer's temporary folder is left behind.
 """
@@ -210,7 +213,8 @@ def test_csv_streams_blocks_and_settles_one_label_type(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("text", "line", "problem"),
     [
-        ("a,b,y\n1,2,0\n\n3,x,1\n", 4, "column 'b' holds 'x', which is not a number"),
+        ("a,b,y\n1,2,0\n\n3,x,1\n", 4,
+         "column 'b' holds 'x', which is not a number (if 'b' is categorical, declare it: --categorical b)"),
         ("a,b,y\n1,2,0\n3,,1\n", 3, "column 'b' is empty"),
         ("a,b,y\n1,2,0\n3,4\n5,6,1\n", 3, "has 2 fields, but the header has 3"),
         ("a,b,y\n1,2,0\n3,4,1,7\n", 3, "has 4 fields, but the header has 3"),
@@ -302,6 +306,17 @@ def test_npz_round_trip(tmp_path, monkeypatch, save):
     np.testing.assert_array_equal(labels, y)
 
 
+def test_npz_format_takes_only_an_archive(tmp_path):
+    x, y = np.arange(12, dtype=np.float32).reshape(4, 3), np.array([2, 0, 2, 0])
+    np.savez(tmp_path / "data.npz", x=x, y=y)
+    import_dataset(str(tmp_path / "data.npz"), str(tmp_path / "out"), "npz")
+    features, labels, _ = read_back(tmp_path / "out")
+    np.testing.assert_array_equal(features, x)
+    np.testing.assert_array_equal(labels, y)
+    np.save(tmp_path / "x.npy", x)
+    import_fails(tmp_path / "x.npy", tmp_path / "other", "npz", f"^{tmp_path / 'x.npy'}: not a .npz archive")
+
+
 def test_npy_length_mismatch_names_both_files(tmp_path):
     np.save(tmp_path / "x.npy", np.zeros((10, 2)))
     np.save(tmp_path / "y.npy", np.zeros(9))
@@ -335,9 +350,10 @@ def test_npy_needs_labels_and_a_matching_feature_count(tmp_path):
 
 
 def test_unknown_format_lists_the_supported_ones(tmp_path):
-    source = tmp_path / "data.h5"
+    source = tmp_path / "data.tiff"
     source.write_text("")
-    import_fails(source, tmp_path / "out", "hdf5", "unknown import format 'hdf5'; supported formats: csv, libsvm, npy")
+    import_fails(source, tmp_path / "out", "tiff",
+                 "unknown import format 'tiff'; supported formats: csv, libsvm, idx, npy, npz, hdf5, parquet")
 
 
 @pytest.mark.parametrize("format", ["libsvm", "csv", "npy"])

@@ -1,21 +1,27 @@
 """The dataset folder format: Parquet files plus `meta.json`.
 
 A dataset is a folder (local path or any URI pyarrow's filesystems open) holding
-`part-NNNNN.parquet` files with two columns, `features` (a fixed-size list of the flattened
-sample, in its own dtype: uint8 images stay uint8) and `label` (the label as it appeared in
-the source), and a `meta.json` that records rows, sample shape, dtypes, classes and the row
-count of every file and row group. The row counts let each worker open only the row groups
-that hold its rows. Writers build the folder under a temporary name and rename it at the end,
-so an interrupted write leaves no dataset behind.
+`part-NNNNN.parquet` files with two columns, `features` (the flattened sample as one
+fixed-size binary value of little-endian numbers in its own dtype: uint8 images stay uint8)
+and `label` (the label as it appeared in the source), and a `meta.json` that records rows,
+sample shape, dtypes, classes and the row count of every file and row group. The row counts
+let each worker open only the row groups that hold its rows. Writers build the folder under a
+temporary name and rename it at the end, so an interrupted write leaves no dataset behind.
+
+Version 1 stored features as a fixed-size list column; Parquet decodes lists through two
+levels per value, which made loading ~6x slower and ~5x larger in memory than one binary
+value per row. Version 1 folders are still read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +33,9 @@ import pyarrow.parquet as pq
 from shoal.errors import DataError
 
 FORMAT_NAME = "shoal.dataset"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+ROW_GROUP_BYTES = 16 * 2**20  # the unit a worker reads: small enough to bound memory, large enough to stream
 META_FILE = "meta.json"
 MAX_CLASSES = 10_000
 
@@ -71,6 +79,24 @@ class Dataset:
     def num_classes(self) -> int | None:
         return None if self.classes is None else len(self.classes)
 
+    def fingerprint(self) -> str:
+        """A digest of the description and of every file's size and modification time.
+
+        Any rewrite of the dataset changes it, so a cache made from the dataset is reused only
+        while the dataset is unchanged.
+        """
+        digest = hashlib.sha256(json.dumps(self.meta, sort_keys=True).encode())
+        paths = [f"{self._root}/{info.name}" for info in self.files]
+        try:
+            stats = self._filesystem.get_file_info(paths)
+        except (OSError, pa.ArrowException) as error:
+            raise DataError(f"{self.path}: cannot list the dataset's files: {error}") from None
+        for info, stat in zip(self.files, stats, strict=True):
+            if stat.type == pafs.FileType.NotFound:
+                raise DataError(f"{self.path}/{info.name}: missing (listed in {META_FILE})")
+            digest.update(f"{info.name}:{stat.size}:{stat.mtime_ns}".encode())
+        return digest.hexdigest()
+
     def schema_key(self) -> tuple:
         """What two datasets must share to be used together as train and test sets."""
         return (self.shape, str(self.feature_dtype), self.classes)
@@ -91,11 +117,26 @@ class Dataset:
 
     def read_rows(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Features (stop-start, *shape) in their stored dtype and class indices of rows [start, stop)."""
-        if not 0 <= start <= stop <= self.rows:
-            raise ValueError(f"row range [{start}, {stop}) outside 0..{self.rows}")
         features = np.empty((stop - start, *self.shape), dtype=self.feature_dtype)
         flat = features.reshape(stop - start, self.features)
         labels: list[np.ndarray] = []
+        for position, block, label in self.iter_rows(start, stop):
+            flat[position : position + len(block)] = block
+            labels.append(label)
+        raw = np.concatenate(labels) if labels else np.empty(0)
+        return features, self.label_indices(raw, f"{self.path}")
+
+    def iter_rows(
+        self, start: int, stop: int, max_rows: int | None = None
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Rows [start, stop) in pieces: (position in the range, flat features, raw labels).
+
+        Only the row groups that overlap the range are read. With `max_rows`, a row group is
+        read in batches of at most that many rows, so memory stays bounded by the batch, not
+        the row group.
+        """
+        if not 0 <= start <= stop <= self.rows:
+            raise ValueError(f"row range [{start}, {stop}) outside 0..{self.rows}")
         offset = 0  # first row of the current row group, dataset-wide
         for info in self.files:
             if offset + info.rows <= start or offset >= stop:
@@ -108,18 +149,43 @@ class Dataset:
                     for group, group_rows in enumerate(info.row_groups):
                         lo, hi = max(start, offset), min(stop, offset + group_rows)
                         if lo < hi:
-                            table = parquet.read_row_group(group, columns=["features", "label"])
                             self.opened.append((info.name, group))
-                            values = table.column("features").combine_chunks().flatten()
-                            block = values.to_numpy(zero_copy_only=False).reshape(group_rows, self.features)
-                            flat[lo - start : hi - start] = block[lo - offset : hi - offset]
-                            label = table.column("label").to_numpy(zero_copy_only=False)
-                            labels.append(label[lo - offset : hi - offset])
+                            yield from self._read_group(parquet, group, offset, lo, hi, start, max_rows)
                         offset += group_rows
             except (OSError, pa.ArrowException, ValueError) as error:
                 raise DataError(f"{self.path}/{info.name}: cannot read Parquet file: {error}") from None
-        raw = np.concatenate(labels) if labels else np.empty(0)
-        return features, self.label_indices(raw, f"{self.path}")
+
+    def _read_group(
+        self, parquet: pq.ParquetFile, group: int, offset: int, lo: int, hi: int, start: int, max_rows: int | None
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Rows [lo, hi) of the row group that begins at dataset row `offset`."""
+        if max_rows is None:
+            tables = iter([parquet.read_row_group(group, columns=["features", "label"])])
+        else:
+            tables = parquet.iter_batches(batch_size=max(1, max_rows), row_groups=[group],
+                                          columns=["features", "label"], use_threads=False)
+        first = offset  # dataset row of the first row of the next table
+        for table in tables:
+            count = table.num_rows
+            a, b = max(lo, first), min(hi, first + count)
+            if a < b:
+                block = self._feature_block(table.column("features"), count)
+                label = table.column("label").to_numpy(zero_copy_only=False)
+                yield a - start, block[a - first : b - first], label[a - first : b - first]
+            first += count
+            if first >= hi:
+                break
+
+    def _feature_block(self, column: pa.Array | pa.ChunkedArray, count: int) -> np.ndarray:
+        """(count, features) in the stored dtype, without a copy where the column allows."""
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        if pa.types.is_fixed_size_binary(column.type):  # version 2: one value of row bytes per row
+            dtype = self.feature_dtype.newbyteorder("<")
+            return np.frombuffer(column.buffers()[1], dtype=dtype, count=count * self.features,
+                                 offset=column.offset * column.type.byte_width).reshape(count, self.features)
+        values = column.flatten()  # version 1: a fixed-size list per row
+        return values.to_numpy(zero_copy_only=False).reshape(count, self.features)
 
     def read_all(self) -> tuple[np.ndarray, np.ndarray]:
         return self.read_rows(0, self.rows)
@@ -149,7 +215,7 @@ def open_dataset(path: str) -> Dataset:
 def _check_meta(meta: Any, where: str) -> None:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise DataError(f"{where}: not a shoal dataset description")
-    if meta.get("version") != FORMAT_VERSION:
+    if meta.get("version") not in READABLE_VERSIONS:
         raise DataError(f"{where}: unsupported format version {meta.get('version')!r}")
     for key, kind in (("rows", int), ("shape", list), ("feature_dtype", str), ("files", list)):
         if not isinstance(meta.get(key), kind):
@@ -170,7 +236,9 @@ class DatasetWriter:
     """Streams batches of rows into a new dataset folder, made visible only by `close()`.
 
     Use as a context manager: leaving the block with an exception removes the temporary folder,
-    so a failed import leaves nothing behind.
+    so a failed import leaves nothing behind. The classes are the labels seen, unless `classes`
+    fixes them: a dataset derived from another keeps its parent's classes, even one it holds no
+    row of, and a label outside them is an error.
     """
 
     def __init__(
@@ -180,11 +248,12 @@ class DatasetWriter:
         feature_dtype: np.dtype | str,
         *,
         rows_per_file: int = 1_000_000,
-        row_group_size: int = 65_536,
+        row_group_size: int | None = None,
         classification: bool = True,
         feature_names: list[str] | None = None,
         extra_meta: dict[str, Any] | None = None,
         overwrite: bool = False,
+        classes: list | None = None,
     ):
         if "://" in str(path):
             raise DataError(f"{path}: datasets are written to local folders (copy the folder to the store after)")
@@ -195,7 +264,8 @@ class DatasetWriter:
         self.features = math.prod(self.shape)
         self.feature_dtype = np.dtype(feature_dtype)
         self.rows_per_file = rows_per_file
-        self.row_group_size = row_group_size
+        row_bytes = self.features * self.feature_dtype.itemsize
+        self.row_group_size = row_group_size or max(1, min(65_536, ROW_GROUP_BYTES // row_bytes))
         self.classification = classification
         self.feature_names = feature_names
         self.extra_meta = extra_meta or {}
@@ -212,8 +282,11 @@ class DatasetWriter:
         self._pending_rows = 0
         self._labels: set = set()
         self._label_kind: str | None = None
+        self._fixed_classes = None if classes is None else sorted(classes)
+        if classes is not None:
+            self.classification = True
+            self._labels = set(classes)
         self.rows = 0
-        self._list_type = pa.list_(pa.from_numpy_dtype(self.feature_dtype), self.features)
 
     def __enter__(self) -> DatasetWriter:
         return self
@@ -245,6 +318,12 @@ class DatasetWriter:
         return min(self.row_group_size, self.rows_per_file - self._file_rows)
 
     def _track_labels(self, labels: np.ndarray) -> None:
+        if self._fixed_classes is not None:
+            unknown = set(np.unique(labels).tolist()) - self._labels
+            if unknown:
+                raise DataError(f"{self.path}: label {sorted(unknown)[0]!r} is not one of the classes "
+                                f"{self._fixed_classes}")
+            return
         kind = "string" if labels.dtype.kind in "USO" else ("int" if labels.dtype.kind in "iub" else "float")
         if kind == "float" and len(labels) and not np.all(np.isfinite(labels) & (labels == np.round(labels))):
             if self._label_kind == "int" and self.rows:
@@ -277,12 +356,14 @@ class DatasetWriter:
         labels = np.concatenate(taken_labels)
         if labels.dtype.kind == "O":
             labels = labels.astype(str)
-        values = pa.array(features.reshape(-1))
-        rows = pa.FixedSizeListArray.from_arrays(values, self.features)
+        data = np.ascontiguousarray(features, dtype=self.feature_dtype.newbyteorder("<"))
+        rows = pa.FixedSizeBinaryArray.from_buffers(pa.binary(data.itemsize * self.features), count,
+                                                    [None, pa.py_buffer(data)])
         table = pa.table({"features": rows, "label": pa.array(labels)})
         if self._writer is None:
             name = f"part-{len(self._files):05d}.parquet"
-            self._writer = pq.ParquetWriter(os.path.join(self._temporary, name), table.schema)
+            self._writer = pq.ParquetWriter(os.path.join(self._temporary, name), table.schema,
+                                            use_dictionary=["label"], write_statistics=["label"])
             self._files.append({"name": name})
         elif not table.schema.equals(self._writer.schema):
             table = table.cast(self._writer.schema)
@@ -307,7 +388,7 @@ class DatasetWriter:
         if self.rows == 0:
             self.abort()
             raise DataError(f"{self.path}: no rows to write: the source is empty")
-        classes = sorted(self._labels) if self.classification else None
+        classes = sorted(self._labels) if self.classification else None  # fixed classes are in _labels too
         meta = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,

@@ -1,40 +1,40 @@
-"""Importers: convert LIBSVM, CSV and NumPy files into a dataset folder.
+"""Importers: convert CSV, LIBSVM, MNIST IDX, NumPy, HDF5 and Parquet files into a dataset folder.
 
 Every importer streams: it reads its source in chunks and hands each chunk to `DatasetWriter`,
 so memory stays flat however large the input is, and a failure part-way leaves no output
 folder behind (the writer removes its temporary folder). Errors about the input are
-`DataError`s that name the file and, where there is one, the line at fault.
+`DataError`s that name the file and, where there is one, the line or row at fault. This module
+holds the dispatch, what every importer shares, and the LIBSVM and NumPy formats; CSV, IDX,
+HDF5 and Parquet live in `import_csv`, `import_idx`, `import_hdf5` and `import_parquet`
+(imported when used, so h5py loads only for HDF5), one-hot encoding in `encoding`.
 """
 
 from __future__ import annotations
 
-import csv
 import math
 import os
-import re
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 import numpy as np
 import numpy.lib.format as npy_format
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pa_csv
 
-from shoal.data.format import Dataset, DatasetWriter, open_dataset
+from shoal.data.declared_classes import DeclaredClasses
+from shoal.data.encoding import Encoding, Locate, shown
+from shoal.data.format import ROW_GROUP_BYTES, Dataset, DatasetWriter, open_dataset
 from shoal.errors import DataError
 
-FORMATS = ("csv", "libsvm", "npy")
+FORMATS = ("csv", "libsvm", "idx", "npy", "npz", "hdf5", "parquet")
+TABLE_FORMATS = ("csv", "parquet")  # formats with named columns, which can be one-hot encoded
 
 # Bytes of dense features per chunk handed to the writer, and per row group the writer buffers:
 # together they bound an import's memory however large the source is.
 CHUNK_BYTES = 32 * 1024 * 1024
-ROW_GROUP_BYTES = 64 * 1024 * 1024
 ROW_GROUP_ROWS = 65_536
 LIBSVM_CHUNK_LINES = 20_000
 LIBSVM_MAX_INDEX = 2**31 - 1  # rows are stored dense: a row this wide could not be written anyway
-CSV_BLOCK_BYTES = 4 * 1024 * 1024
+CSV_BLOCK_BYTES = 4 * 1024 * 1024  # the text Arrow parses at a time (import_csv)
 
 
 def import_dataset(
@@ -44,52 +44,126 @@ def import_dataset(
     *,
     n_features: int | None = None,
     label: str | None = None,
+    features: str | None = None,
+    categorical: Sequence[str] | None = None,
+    encoding_from: str | None = None,
+    classes: Sequence[str] | None = None,
     rows_per_file: int = 1_000_000,
     overwrite: bool = False,
 ) -> Dataset:
     """Convert `source` (a `format` file) into the dataset folder `out` and open it.
 
-    `n_features` fixes the feature count (LIBSVM: otherwise the largest index seen; CSV and
-    NumPy: checked against the file). `label` names the label column of a CSV file (a name or
-    a column number; default the last column) or the labels `.npy` of a features `.npy`.
+    `n_features` fixes the feature count (LIBSVM: otherwise the largest index seen; other
+    formats: checked against the file). `label` names the label column of a CSV or Parquet
+    table (a name or a 0-based column number; default the last column), the labels file of a
+    features `.npy` or IDX file, or the labels dataset of an HDF5 file, whose features dataset
+    `features` names. `categorical` lists the table columns to one-hot encode (names or
+    numbers); `encoding_from`, a dataset folder, makes a table encode as that dataset did.
+    `classes` lists the allowed labels: a row with any other label fails the import.
     """
     source, out = str(source), str(out)
     if format not in FORMATS:
         raise DataError(f"unknown import format {format!r}; supported formats: {', '.join(FORMATS)}")
-    _check_file(source)
+    check_file(source)
     if n_features is not None and n_features < 1:
         raise DataError(f"{source}: n_features must be at least 1, got {n_features}")
     if rows_per_file < 1:
         raise DataError(f"{out}: rows_per_file must be at least 1, got {rows_per_file}")
+    if (categorical or encoding_from is not None) and format not in TABLE_FORMATS:
+        raise DataError(f"{source}: categorical columns and encoding_from apply to csv and parquet, not {format}")
+    if categorical and encoding_from is not None:
+        raise DataError(f"{source}: give categorical columns or encoding_from, not both "
+                        "(the reference encoding names its categorical columns)")
+    if features is not None and format != "hdf5":
+        raise DataError(f"{source}: features names an HDF5 dataset; it does not apply to {format}")
     # Checked here as well as in the writer so that a long first pass is not wasted.
     if os.path.exists(out) and not overwrite:
         raise DataError(f"{out}: already exists (choose another output folder)")
-    writer_options = {"rows_per_file": rows_per_file, "overwrite": overwrite}
+    declared = None if classes is None else DeclaredClasses(classes)
+    encoding = None if encoding_from is None else Encoding.from_dataset(str(encoding_from))
+    writer_options = {"rows_per_file": rows_per_file, "overwrite": overwrite, "declared": declared}
     if format == "libsvm":
         _import_libsvm(source, out, n_features, writer_options)
     elif format == "csv":
-        _import_csv(source, out, n_features, label, writer_options)
+        from shoal.data.import_csv import import_csv
+
+        import_csv(source, out, n_features, label, list(categorical or ()), encoding, writer_options)
+    elif format in ("npy", "npz"):
+        _import_numpy(source, out, n_features, label, writer_options, archive=format == "npz")
+    elif format == "idx":
+        from shoal.data.import_idx import import_idx
+
+        import_idx(source, out, n_features, label, writer_options)
+    elif format == "hdf5":
+        from shoal.data.import_hdf5 import import_hdf5
+
+        import_hdf5(source, out, n_features, features, label, writer_options)
     else:
-        _import_numpy(source, out, n_features, label, writer_options)
+        from shoal.data.import_parquet import import_parquet
+
+        import_parquet(source, out, n_features, label, list(categorical or ()), encoding, writer_options)
     return open_dataset(out)
 
 
-def _check_file(path: str) -> None:
+def check_file(path: str) -> None:
     if not os.path.exists(path):
         raise DataError(f"{path}: file not found")
     if not os.path.isfile(path):
         raise DataError(f"{path}: not a file")
 
 
-def _writer(out: str, shape: tuple[int, ...], dtype: np.dtype, options: dict[str, Any], **more: Any) -> DatasetWriter:
-    """A `DatasetWriter` whose row groups stay within `ROW_GROUP_BYTES`, however wide the rows."""
+class ImportWriter(DatasetWriter):
+    """A `DatasetWriter` that first checks each chunk's labels against the declared classes."""
+
+    def __init__(self, *args: Any, declared: DeclaredClasses | None, locate: Locate, **options: Any):
+        super().__init__(*args, **options)
+        self.declared = declared
+        self.locate = locate  # row number (0-based, source-wide) -> "file:line" or "file: row N"
+        self.handed = 0
+
+    def write(self, features: np.ndarray, labels: np.ndarray) -> None:
+        if self.declared is not None:
+            self.declared.check(labels, self.handed, self.locate)
+        self.handed += len(labels)
+        super().write(features, labels)
+
+
+def import_writer(
+    out: str, shape: tuple[int, ...], dtype: np.dtype, options: dict[str, Any], *, locate: Locate, **more: Any
+) -> ImportWriter:
+    """An `ImportWriter` whose row groups stay within `ROW_GROUP_BYTES`, however wide the rows."""
     row_bytes = math.prod(shape) * np.dtype(dtype).itemsize
     group_rows = max(1, min(ROW_GROUP_ROWS, ROW_GROUP_BYTES // row_bytes))
-    return DatasetWriter(out, shape, dtype, row_group_size=group_rows, **options, **more)
+    return ImportWriter(out, shape, dtype, row_group_size=group_rows, locate=locate, **options, **more)
 
 
-def _source_meta(format: str, source: str, **more: Any) -> dict[str, Any]:
+def row_locator(source: str) -> Locate:
+    """Names row `row` (0-based) of a binary source as `file: row N` (1-based)."""
+    return lambda row: f"{source}: row {row + 1}"
+
+
+def source_meta(format: str, source: str, **more: Any) -> dict[str, Any]:
     return {"source": {"format": format, "path": os.path.abspath(source), **more}}
+
+
+def label_column(source: str, header: list[str], label: str | None) -> int:
+    """The position of the label column: a name, a 0-based number (negative from the end), or the last."""
+    if label is None:
+        return len(header) - 1
+    if label in header:
+        return header.index(label)
+    try:
+        position = int(label)
+    except ValueError:
+        position = None
+    if position is not None and -len(header) <= position < len(header):
+        return position % len(header)
+    raise DataError(f"{source}: label column {label!r} not found; the columns are: {shown(header)}")
+
+
+def offset_locator(locate: Locate, first_row: int) -> Locate:
+    """`locate` for rows counted from `first_row`, as rows of a batch are."""
+    return lambda row: locate(first_row + row)
 
 
 # LIBSVM ------------------------------------------------------------------------------------
@@ -126,11 +200,27 @@ def _import_libsvm(source: str, out: str, n_features: int | None, writer_options
     if features == 0:
         raise DataError(f"{source}: no feature appears on any line; pass n_features")
     chunk_lines = max(1, min(LIBSVM_CHUNK_LINES, CHUNK_BYTES // (4 * features)))
-    meta = _source_meta("libsvm", source)
-    with _writer(out, (features,), np.float32, writer_options, extra_meta=meta) as writer:
+    meta = source_meta("libsvm", source)
+    locate = _libsvm_locator(source)
+    with import_writer(out, (features,), np.float32, writer_options, locate=locate, extra_meta=meta) as writer:
         for chunk in _libsvm_chunks(source, features, chunk_lines):
             labels = chunk.labels if integer_labels else chunk.labels.astype(np.float64)
             writer.write(chunk.dense(features), labels)
+
+
+def _libsvm_locator(source: str) -> Locate:
+    """Names data row `row` (0-based; comments and blank lines hold none) as `file:line`."""
+
+    def locate(row: int) -> str:
+        with open(source, encoding="utf-8", errors="replace") as handle:
+            for number, line in enumerate(handle, 1):
+                if line.split("#", 1)[0].strip():
+                    if row == 0:
+                        return f"{source}:{number}"
+                    row -= 1
+        return source
+
+    return locate
 
 
 def _libsvm_chunks(source: str, n_features: int | None, chunk_lines: int) -> Iterator[_LibsvmChunk]:
@@ -242,188 +332,33 @@ def _raise_libsvm_error(source: str, first: int, lines: list[str], n_features: i
                 raise DataError(f"{where}: value {value_text!r} of index {index} is not a number") from None
 
 
-# CSV ---------------------------------------------------------------------------------------
-
-_CONVERSION_ERROR = re.compile(r"In CSV column #(\d+): CSV conversion error to \w+: invalid value '(.*)'", re.DOTALL)
-
-
-def _import_csv(
-    source: str, out: str, n_features: int | None, label: str | None, writer_options: dict[str, Any]
-) -> None:
-    header = _csv_header(source)
-    label_position = _label_position(source, header, label)
-    feature_positions = [position for position in range(len(header)) if position != label_position]
-    feature_names = [header[position] for position in feature_positions]
-    if not feature_positions:
-        raise DataError(f"{source}: no feature columns besides the label column {header[label_position]!r}")
-    if n_features is not None and n_features != len(feature_positions):
-        raise DataError(f"{source}: has {len(feature_positions)} feature columns, but n_features={n_features}")
-    label_name = header[label_position]
-    # Labels are read as text and converted here: Arrow infers a column's type from its first
-    # block, and a first pass over the label column settles one type for the whole file.
-    label_kind = "int"
-    for batch in _csv_batches(source, header, {label_name: pa.string()}, [label_name]):
-        label_kind = _wider_kind(label_kind, _label_kind(source, header, label_position, batch.column(0)))
-    column_types = {name: pa.float32() for name in feature_names} | {label_name: pa.string()}
-    meta = _source_meta("csv", source, label=label_name)
-    shape = (len(feature_positions),)
-    with _writer(out, shape, np.float32, writer_options, feature_names=feature_names, extra_meta=meta) as writer:
-        for batch in _csv_batches(source, header, column_types, None):
-            features = np.empty((batch.num_rows, len(feature_positions)), dtype=np.float32)
-            for column, position in enumerate(feature_positions):
-                features[:, column] = batch.column(position).to_numpy()
-            writer.write(features, _convert_labels(batch.column(label_position), label_kind))
-
-
-def _csv_header(source: str) -> list[str]:
-    try:
-        with open(source, encoding="utf-8-sig", newline="") as handle:
-            header = next(csv.reader(handle), None)
-    except UnicodeDecodeError:
-        raise DataError(f"{source}:1: the header row is not UTF-8 text") from None
-    except (OSError, csv.Error) as error:
-        raise DataError(f"{source}:1: cannot read the header row: {error}") from None
-    if not header:
-        raise DataError(f"{source}:1: expected a header row naming the columns")
-    for position, name in enumerate(header):
-        if name in header[:position]:
-            raise DataError(f"{source}:1: column name {name!r} appears twice in the header")
-    return header
-
-
-def _label_position(source: str, header: list[str], label: str | None) -> int:
-    if label is None:
-        return len(header) - 1
-    if label in header:
-        return header.index(label)
-    try:
-        position = int(label)
-    except ValueError:
-        position = None
-    if position is not None and -len(header) <= position < len(header):
-        return position % len(header)
-    shown = ", ".join(header[:20]) + (", ..." if len(header) > 20 else "")
-    raise DataError(f"{source}: label column {label!r} not found; the columns are: {shown}")
-
-
-def _csv_batches(
-    source: str, header: list[str], column_types: dict[str, pa.DataType], include: list[str] | None
-) -> Iterator[pa.RecordBatch]:
-    """Record batches of a few MB each; Arrow errors become `DataError(file:line: what)`."""
-    convert = pa_csv.ConvertOptions(
-        column_types=column_types,
-        include_columns=include,
-        # Nothing is a null: an empty or "NA" feature is a bad value, reported with its line.
-        null_values=[],
-        strings_can_be_null=False,
-        quoted_strings_can_be_null=False,
-    )
-    # A block must hold whole rows: widen it for very wide files, whose rows outgrow a few MB.
-    block_size = max(CSV_BLOCK_BYTES, 16 * len(",".join(header)))
-    try:
-        reader = pa_csv.open_csv(
-            source, read_options=pa_csv.ReadOptions(block_size=block_size), convert_options=convert
-        )
-        if reader.schema.names != (include or header):
-            raise DataError(f"{source}:1: the header row reads differently in Arrow: {reader.schema.names}")
-        yield from reader
-        return
-    except pa.ArrowInvalid as error:
-        message = str(error)
-    except OSError as error:
-        raise DataError(f"{source}: cannot read: {error}") from None
-    _raise_csv_error(source, header, message)
-
-
-def _raise_csv_error(source: str, header: list[str], message: str) -> None:
-    """Find the line behind Arrow's message (which gives none) with the csv module, and raise."""
-    conversion = _CONVERSION_ERROR.search(message)
-    if conversion:
-        position, value = int(conversion.group(1)), conversion.group(2)
-        name = header[position] if position < len(header) else f"#{position}"
-        line = _first_csv_line(source, len(header), lambda fields: fields[position] == value)
-        what = f"column {name!r} is empty" if value == "" else f"column {name!r} holds {value!r}, which is not a number"
-    else:
-        line = _first_csv_line(source, len(header), lambda fields: False)
-        what = message.removeprefix("CSV parse error: ")
-    if isinstance(line, tuple):
-        number, count = line
-        raise DataError(f"{source}:{number}: has {count} fields, but the header has {len(header)}")
-    if line is None:
-        raise DataError(f"{source}: {what}")
-    raise DataError(f"{source}:{line}: {what}")
-
-
-def _first_csv_line(source: str, fields: int, is_bad: Callable[[list[str]], bool]) -> int | tuple[int, int] | None:
-    """The first data line for which `is_bad` holds, or (line, field count) of a short or long row."""
-    with open(source, encoding="utf-8-sig", errors="replace", newline="") as handle:
-        reader = csv.reader(handle)
-        try:
-            next(reader, None)
-            for record in reader:
-                if not record:
-                    continue  # Arrow skips blank lines too
-                if len(record) != fields:
-                    return reader.line_num, len(record)
-                if is_bad(record):
-                    return reader.line_num
-        except csv.Error:
-            return None  # the csv module cannot follow this file either; Arrow's message will do
-    return None
-
-
-_KINDS = ("int", "float", "string")
-
-
-def _wider_kind(first: str, second: str) -> str:
-    return _KINDS[max(_KINDS.index(first), _KINDS.index(second))]
-
-
-def _label_kind(source: str, header: list[str], position: int, labels: pa.Array) -> str:
-    """The narrowest type that holds every label of a batch; an empty label is an error."""
-    labels = pc.utf8_trim_whitespace(labels)
-    if pc.any(pc.equal(labels, "")).as_py():
-        line = _first_csv_line(source, len(header), lambda fields: not fields[position].strip())
-        where = f"{source}:{line}" if isinstance(line, int) else source
-        raise DataError(f"{where}: the label column {header[position]!r} is empty")
-    for kind, arrow_type in (("int", pa.int64()), ("float", pa.float64())):
-        try:
-            pc.cast(pc.replace_substring_regex(labels, r"^\+", ""), arrow_type)
-            return kind
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            continue
-    return "string"
-
-
-def _convert_labels(labels: pa.Array, kind: str) -> np.ndarray:
-    labels = pc.utf8_trim_whitespace(labels)
-    if kind == "string":
-        return labels.to_numpy(zero_copy_only=False).astype(str)
-    arrow_type = pa.int64() if kind == "int" else pa.float64()
-    return pc.cast(pc.replace_substring_regex(labels, r"^\+", ""), arrow_type).to_numpy()
-
-
 # NumPy -------------------------------------------------------------------------------------
 
 
 def _import_numpy(
-    source: str, out: str, n_features: int | None, label: str | None, writer_options: dict[str, Any]
+    source: str, out: str, n_features: int | None, label: str | None, writer_options: dict[str, Any], archive: bool
 ) -> None:
+    """A features `.npy` with a labels `.npy`, or one `.npz` holding `x` and `y` (format npy takes either)."""
     if zipfile.is_zipfile(source):
         _import_npz(source, out, n_features, writer_options)
         return
+    if archive:
+        raise DataError(f"{source}: not a .npz archive (a zip file of .npy arrays)")
     if label is None:
         raise DataError(f"{source}: a features .npy needs its labels: pass the labels .npy as label")
-    _check_file(label)
+    check_file(label)
     features = _load_npy(source)
     labels = _load_npy(label)
-    sample_shape = _sample_shape(source, features.shape, features.dtype, n_features)
-    labels_dtype = _labels_dtype(label, labels.shape, labels.dtype)
+    sample_shape = sample_shape_of(source, features.shape, features.dtype, n_features)
+    labels_dtype = labels_dtype_of(label, labels.shape, labels.dtype)
     if len(labels) != len(features):
         raise DataError(f"{source} has {len(features)} samples but {label} has {len(labels)} labels")
-    rows = _chunk_rows(sample_shape, features.dtype)
-    meta = _source_meta("npy", source, labels=os.path.abspath(label))
-    with _writer(out, sample_shape, _feature_dtype(features.dtype), writer_options, extra_meta=meta) as writer:
+    if len(features) == 0:
+        raise DataError(f"{source}: holds no samples: the source is empty")
+    rows = rows_per_chunk(sample_shape, features.dtype)
+    meta = source_meta("npy", source, labels=os.path.abspath(label))
+    dtype = stored_dtype(features.dtype)
+    with import_writer(out, sample_shape, dtype, writer_options, locate=row_locator(label), extra_meta=meta) as writer:
         for start in range(0, len(features), rows):
             labels_chunk = np.asarray(labels[start : start + rows]).reshape(-1).astype(labels_dtype)
             writer.write(np.asarray(features[start : start + rows]), labels_chunk)
@@ -436,7 +371,7 @@ def _load_npy(path: str) -> np.ndarray:
         raise DataError(f"{path}: not a readable NumPy .npy file ({error})") from None
 
 
-def _sample_shape(source: str, shape: tuple[int, ...], dtype: np.dtype, n_features: int | None) -> tuple[int, ...]:
+def sample_shape_of(source: str, shape: tuple[int, ...], dtype: np.dtype, n_features: int | None) -> tuple[int, ...]:
     """The shape of one sample; a 1-D array holds one feature per sample."""
     if len(shape) == 0:
         raise DataError(f"{source}: holds a single number, not an array of samples")
@@ -453,12 +388,12 @@ def _sample_shape(source: str, shape: tuple[int, ...], dtype: np.dtype, n_featur
     return sample_shape
 
 
-def _feature_dtype(dtype: np.dtype) -> np.dtype:
+def stored_dtype(dtype: np.dtype) -> np.dtype:
     """uint8 (images) and float32 are kept; every other number type becomes float32."""
     return dtype if dtype in (np.dtype(np.uint8), np.dtype(np.float32)) else np.dtype(np.float32)
 
 
-def _labels_dtype(path: str, shape: tuple[int, ...], dtype: np.dtype) -> np.dtype:
+def labels_dtype_of(path: str, shape: tuple[int, ...], dtype: np.dtype) -> np.dtype:
     if len(shape) != 1 and not (len(shape) == 2 and shape[1] == 1):
         raise DataError(f"{path}: labels have shape {shape}; expected (n,) or (n, 1)")
     if dtype.kind in "biu":
@@ -470,7 +405,7 @@ def _labels_dtype(path: str, shape: tuple[int, ...], dtype: np.dtype) -> np.dtyp
     raise DataError(f"{path}: labels have dtype {dtype}; expected numbers or text")
 
 
-def _chunk_rows(sample_shape: tuple[int, ...], dtype: np.dtype) -> int:
+def rows_per_chunk(sample_shape: tuple[int, ...], dtype: np.dtype) -> int:
     return max(1, CHUNK_BYTES // (math.prod(sample_shape) * max(dtype.itemsize, 4)))
 
 
@@ -486,14 +421,17 @@ def _import_npz(source: str, out: str, n_features: int | None, writer_options: d
             with archive.open("x.npy") as features_file, archive.open("y.npy") as labels_file:
                 features_shape, features_dtype = _npy_member_header(source, "x", features_file)
                 labels_shape, labels_dtype = _npy_member_header(source, "y", labels_file)
-                sample_shape = _sample_shape(f"{source} (x)", features_shape, features_dtype, n_features)
-                labels_target = _labels_dtype(f"{source} (y)", labels_shape, labels_dtype)
+                sample_shape = sample_shape_of(f"{source} (x)", features_shape, features_dtype, n_features)
+                labels_target = labels_dtype_of(f"{source} (y)", labels_shape, labels_dtype)
                 if labels_shape[0] != features_shape[0]:
                     raise DataError(f"{source}: x has {features_shape[0]} samples but y has {labels_shape[0]} labels")
-                rows = _chunk_rows(sample_shape, features_dtype)
-                meta = _source_meta("npz", source)
-                dtype = _feature_dtype(features_dtype)
-                with _writer(out, sample_shape, dtype, writer_options, extra_meta=meta) as writer:
+                rows = rows_per_chunk(sample_shape, features_dtype)
+                meta = source_meta("npz", source)
+                dtype = stored_dtype(features_dtype)
+                if features_shape[0] == 0:
+                    raise DataError(f"{source}: x holds no samples: the source is empty")
+                locate = row_locator(f"{source} (y)")
+                with import_writer(out, sample_shape, dtype, writer_options, locate=locate, extra_meta=meta) as writer:
                     for start in range(0, features_shape[0], rows):
                         count = min(rows, features_shape[0] - start)
                         features = _read_rows(source, "x", features_file, features_dtype, (count, *sample_shape))

@@ -1,7 +1,13 @@
-"""The per-worker loader: load the rank's share once, read it many times from memory.
+"""The per-worker loader: load the rank's share once, read it many times.
 
 Features stay in their stored dtype (uint8 images stay uint8, a quarter of float32) and are
 converted per batch. A batch is one fancy-index of the share's array: no per-sample Python.
+
+A share that fits the worker's memory budget (or any share, without a budget) is read into
+RAM. A larger one is copied once to a local memory-mapped cache (`ShareCache`) and each epoch
+visits it one sub-partition at a time, rows shuffled within: the pages of a finished
+sub-partition are given back, so resident memory stays near the budget, and later epochs read
+only the cache, never the store.
 """
 
 from __future__ import annotations
@@ -10,10 +16,22 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
+import pyarrow
 import torch
 
+from shoal.data.cache import ShareCache
 from shoal.data.format import Dataset
-from shoal.data.partition import batch_bounds, epoch_order, share, steps_per_epoch
+from shoal.data.partition import (
+    batch_bounds,
+    blocked_epoch_order,
+    epoch_order,
+    share,
+    steps_per_epoch,
+    sub_partitions,
+)
+from shoal.errors import ConfigError
+
+PARTS_IN_MEMORY = 2  # a batch may straddle two sub-partitions: both must fit the budget
 
 
 def feature_scale(dtype: np.dtype) -> float:
@@ -21,8 +39,45 @@ def feature_scale(dtype: np.dtype) -> float:
     return 1.0 / 255.0 if np.dtype(dtype) == np.uint8 else 1.0
 
 
+def plan_memory(share_rows: int, row_bytes: int, batch_size: int, budget: int | None) -> int | None:
+    """Rows per sub-partition for a share under a memory budget, or None when it fits in RAM.
+
+    Labels (8 bytes a row) stay in memory; the rest of the budget holds two sub-partitions,
+    each at least two batches long so that no batch spans more than two of them.
+    """
+    if budget is None or share_rows * (row_bytes + 8) <= budget:
+        return None
+    room = budget - share_rows * 8
+    part_rows = room // (PARTS_IN_MEMORY * row_bytes) if room > 0 else 0
+    if part_rows < 2 * batch_size:
+        need = share_rows * 8 + PARTS_IN_MEMORY * 2 * batch_size * row_bytes
+        raise ConfigError(f"data.memory_per_worker: {budget:,} bytes cannot hold this worker's {share_rows:,} labels "
+                          f"and two sub-partitions of two batches of {batch_size} rows ({row_bytes:,} bytes each): "
+                          f"needs at least {need:,}")
+    return int(part_rows)
+
+
+class Converter:
+    """Rows in their stored dtype -> (float32 inputs in the model's sample shape, labels) on a device."""
+
+    def __init__(self, dtype: np.dtype, sample_shape, device: torch.device = torch.device("cpu"),
+                 label_dtype: torch.dtype = torch.int64):
+        self.scale = feature_scale(dtype)
+        self.sample_shape, self.device, self.label_dtype = tuple(sample_shape), device, label_dtype
+
+    def __call__(self, features: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = torch.from_numpy(features), torch.from_numpy(labels)
+        if self.device.type != "cpu":  # on the CPU even a no-op .to() costs a few microseconds a batch
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+        inputs = inputs.float().reshape(len(inputs), *self.sample_shape)
+        if self.scale != 1.0:
+            inputs.mul_(self.scale)
+        return inputs, (targets if targets.dtype == self.label_dtype else targets.to(self.label_dtype))
+
+
 class ShardLoader:
-    """One rank's rows of a dataset, held in memory, served as batches of tensors."""
+    """One rank's rows of a dataset, served as batches of tensors from memory or a local cache."""
 
     def __init__(
         self,
@@ -36,6 +91,8 @@ class ShardLoader:
         device: torch.device = torch.device("cpu"),
         label_dtype: torch.dtype = torch.int64,
         sample_shape: list[int] | None = None,
+        memory_budget: int | None = None,
+        cache_dir: str | None = None,
     ):
         self.dataset = dataset
         self.rank, self.world_size = rank, world_size
@@ -43,32 +100,86 @@ class ShardLoader:
         self.device, self.label_dtype = device, label_dtype
         self.steps = steps_per_epoch(dataset.rows, world_size, batch_size)
         self.start, self.stop = share(dataset.rows, world_size, rank)
+        row_bytes = dataset.features * dataset.feature_dtype.itemsize
+        self.part_rows = plan_memory(self.rows, row_bytes, batch_size, memory_budget)
+        self.cache: ShareCache | None = None
+        self._buffers: list[np.ndarray] = []  # the sub-partitions in memory, allocated once
         began = time.perf_counter()
-        self.features, self.labels = dataset.read_rows(self.start, self.stop)
+        if self.part_rows is None:
+            self.features, self.labels = dataset.read_rows(self.start, self.stop)
+        else:
+            self.cache = ShareCache(dataset, self.start, self.stop, cache_dir=cache_dir, chunk_rows=self.part_rows)
+            self.features, self.labels = self.cache.features, self.cache.labels
         self.load_seconds = time.perf_counter() - began
-        self.scale = feature_scale(self.features.dtype)
+        pyarrow.default_memory_pool().release_unused()  # Arrow keeps freed read buffers for reuse otherwise
         self.sample_shape = tuple(sample_shape or dataset.shape)  # the model's view of a row
+        self.convert = Converter(self.features.dtype, self.sample_shape, device, label_dtype)
 
     @property
     def rows(self) -> int:
         return self.stop - self.start
 
+    def describe(self) -> dict:
+        """How the share is held, for the `data_loaded` event."""
+        if self.cache is None:
+            return {"mode": "memory", "rows": self.rows}
+        return {"mode": "cache", "rows": self.rows, "sub_partitions": len(sub_partitions(self.rows, self.part_rows)),
+                "rows_per_sub_partition": self.part_rows, "cache_reused": self.cache.reused,
+                "cache_folder": self.cache.folder if self.cache.keep else None}
+
     def order(self, epoch: int) -> np.ndarray:
+        if self.part_rows is not None:
+            return blocked_epoch_order(self.rows, self.part_rows, seed=self.seed, epoch=epoch, rank=self.rank,
+                                       shuffle=self.shuffle)
         return epoch_order(self.rows, seed=self.seed, epoch=epoch, rank=self.rank, shuffle=self.shuffle)
 
     def to_tensors(self, features: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs = torch.from_numpy(features).to(self.device, non_blocking=True).float()
-        inputs = inputs.reshape(len(inputs), *self.sample_shape)
-        if self.scale != 1.0:
-            inputs.mul_(self.scale)
-        return inputs, torch.from_numpy(labels).to(self.device, self.label_dtype, non_blocking=True)
+        return self.convert(features, labels)
 
     def batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This epoch's batches, `self.steps` of them, in this rank's seeded order."""
+        if self.cache is not None:
+            yield from self._cached_batches(epoch)
+            return
         order = self.order(epoch)
         for lo, hi in batch_bounds(self.rows, self.steps, self.batch_size):
-            index = order[lo:hi]
             if not self.shuffle:
                 yield self.to_tensors(self.features[lo:hi], self.labels[lo:hi])
             else:
+                index = order[lo:hi]
                 yield self.to_tensors(self.features[index], self.labels[index])
+
+    def _cached_batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Batches out of the sub-partitions they fall in, each copied from the cache into a reused buffer."""
+        order = self.order(epoch)
+        parts = sub_partitions(self.rows, self.part_rows)
+        starts = np.array([lo for lo, _ in parts])
+        if not self._buffers:
+            self._buffers = [np.empty((self.part_rows, *self.dataset.shape), self.features.dtype)
+                             for _ in range(PARTS_IN_MEMORY)]
+        free, held = list(self._buffers), {}  # held: part -> its rows
+        for lo, hi in batch_bounds(self.rows, self.steps, self.batch_size):
+            index = order[lo:hi]
+            part_of = np.searchsorted(starts, index, side="right") - 1
+            needed = np.unique(part_of)
+            for part in [p for p in held if p not in needed]:
+                free.append(held.pop(part).base)
+            for part in needed:
+                if part not in held:
+                    first, last = parts[part]
+                    held[part] = free.pop()[: last - first]
+                    self.cache.read_into(first, last, held[part])
+            if len(needed) == 1:
+                features = held[needed[0]][index - starts[needed[0]]]
+            else:
+                features = np.empty((len(index), *self.dataset.shape), self.features.dtype)
+                for part in needed:
+                    mask = part_of == part
+                    features[mask] = held[part][index[mask] - starts[part]]
+            yield self.to_tensors(features, self.labels[index])
+
+    def close(self) -> None:
+        """Unmap and, unless kept in a cache folder, remove the local cache."""
+        if self.cache is not None:
+            self.features, self._buffers = None, []
+            self.cache.close()

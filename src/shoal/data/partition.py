@@ -44,3 +44,29 @@ def batch_bounds(share_rows: int, steps: int, batch_size: int) -> list[tuple[int
     bounds = [(step * batch_size, (step + 1) * batch_size) for step in range(steps)]
     bounds[-1] = (bounds[-1][0], share_rows)
     return bounds
+
+
+def sub_partitions(share_rows: int, part_rows: int) -> list[tuple[int, int]]:
+    """The fewest contiguous [lo, hi) pieces of at most `part_rows` rows, sizes differing by <= 1.
+
+    Balanced pieces each hold at least `part_rows // 2` rows (when there are several), so a
+    batch of at most that many rows never spans more than two of them.
+    """
+    count = max(1, -(-share_rows // part_rows))
+    return [share(share_rows, count, piece) for piece in range(count)]
+
+
+def blocked_epoch_order(
+    share_rows: int, part_rows: int, *, seed: int, epoch: int, rank: int, shuffle: bool = True
+) -> np.ndarray:
+    """An epoch order that visits one sub-partition at a time: parts in a seeded order, rows shuffled within.
+
+    A batch then spans at most two sub-partitions, so a loader needs only the sub-partitions
+    of the current batch in memory.
+    """
+    if not shuffle:
+        return np.arange(share_rows)
+    generator = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, rank, part_rows])))
+    parts = sub_partitions(share_rows, part_rows)
+    pieces = [lo + generator.permutation(hi - lo) for lo, hi in (parts[i] for i in generator.permutation(len(parts)))]
+    return np.concatenate(pieces) if pieces else np.arange(0)

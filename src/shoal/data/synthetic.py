@@ -63,7 +63,7 @@ def synth_binary(
         raise DataError(f"{out}: features must be an integer of at least 1, got {features!r}")
     teacher = _binary_teacher(features, task_seed)
     meta = _source_meta("binary", rows, seed, task_seed, features=features)
-    options = {"row_group_size": ROW_GROUP_ROWS, "extra_meta": meta, "overwrite": overwrite}
+    options = {"extra_meta": meta, "overwrite": overwrite}
     with DatasetWriter(out, (features,), np.float32, **options) as writer:
         draw = functools.partial(_draw_binary, teacher=teacher, features=features)
         for x, labels in _drawn_ahead(draw, seed, _chunks(rows, CHUNK_ROWS), CHUNK_ROWS):
@@ -121,7 +121,7 @@ def synth_digits(out: str, rows: int, *, seed: int = 0, task_seed: int = 0, over
     strokes, masks = _digit_task(task_seed)
     shape = (IMAGE_SIDE, IMAGE_SIDE)
     meta = _source_meta("digits", rows, seed, task_seed)
-    options = {"row_group_size": ROW_GROUP_ROWS, "extra_meta": meta, "overwrite": overwrite}
+    options = {"extra_meta": meta, "overwrite": overwrite}
     with DatasetWriter(out, shape, np.uint8, **options) as writer:
         draw = functools.partial(_draw_digits, strokes=strokes, masks=masks)
         for images, labels in _drawn_ahead(draw, seed, _chunks(rows, DIGITS_CHUNK_ROWS), DIGITS_CHUNK_ROWS):
