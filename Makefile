@@ -27,5 +27,11 @@ test: install
 	$(BIN)/python -m pytest
 
 bench: install
-	$(BIN)/python benchmarks/overhead.py
-	$(BIN)/python benchmarks/epoch.py
+	$(BIN)/python -m benchmarks.overhead
+	$(BIN)/python -m benchmarks.epoch
+	$(BIN)/python -m benchmarks.loader
+	$(BIN)/python -m benchmarks.budget
+	$(BIN)/python -m benchmarks.import_csv
+	$(BIN)/python -m benchmarks.algorithms
+	$(BIN)/python -m benchmarks.batch
+	$(BIN)/python -m benchmarks.server

@@ -75,7 +75,7 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
     """
     prepared = prepare(job)
     world_size = job.cluster.workers * (nodes.count if nodes else 1)
-    check_world_size(job, world_size)
+    check_world_size(job, world_size, prepared.train_set)
     if resume:
         check_resumable(run_dir, job, prepared.spec, prepared.train_set.rows, world_size)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import difflib
 import math
+import re
 import tomllib
 import types
 import typing
@@ -54,16 +55,28 @@ class DataConfig:
     """Training dataset folder (or URI), as written by 'shoal data import'."""
     test: str | None = None
     """Held-out dataset evaluated by the coordinator; same sample shape and classes as train."""
+    memory_per_worker: int | str | None = None
+    """Memory a worker may hold its share in (bytes, or "512MB", "2GiB"); a larger share is
+    cached on local disk and trained on in sub-partitions that fit. Default: no limit."""
+    cache_dir: str | None = None
+    """Local folder that keeps the cached shares, reused by later runs on the unchanged dataset."""
 
     def __post_init__(self) -> None:
         if not self.train:
             raise ConfigError("data.train: required: the training dataset folder")
+        if self.memory_per_worker is not None:
+            parse_size("data.memory_per_worker", self.memory_per_worker)
+
+    @property
+    def memory_budget(self) -> int | None:
+        """`memory_per_worker` in bytes."""
+        return None if self.memory_per_worker is None else parse_size("data.memory_per_worker", self.memory_per_worker)
 
 
 @dataclass
 class AlgorithmConfig:
     name: str = "sync"
-    """How workers combine their work: 'sync' or 'averaging' (see the README)."""
+    """How workers combine their work: 'sync', 'averaging', 'downpour', 'easgd' or 'none' (see the README)."""
     options: dict = field(default_factory=dict)
     """The algorithm's own keys (e.g. period), validated by the algorithm."""
 
@@ -84,12 +97,21 @@ class TrainConfig:
     """Evaluate on the test set every this many epochs (and always after the last)."""
     shuffle: bool = True
     """Shuffle each worker's rows every epoch."""
+    validate_every: int = 0
+    """Also evaluate on the test set, in the background on the coordinator, every this many updates
+    (parameter-server algorithms: updates the server applied; others: steps); 0 = never."""
+    validate_seconds: float = 0.0
+    """... or every this many seconds; 0 = never."""
 
     def __post_init__(self) -> None:
         _at_least("train.epochs", self.epochs, 1)
         _at_least("train.batch_size", self.batch_size, 1)
         _at_least("train.eval_every", self.eval_every, 1)
         _at_least("train.seed", self.seed, 0)
+        _at_least("train.validate_every", self.validate_every, 0)
+        if not (isinstance(self.validate_seconds, (int, float)) and not isinstance(self.validate_seconds, bool)
+                and math.isfinite(self.validate_seconds) and self.validate_seconds >= 0):
+            raise ConfigError(f"train.validate_seconds: must be seconds >= 0, got {self.validate_seconds!r}")
         if self.loss not in LOSSES:
             raise ConfigError(f"train.loss: unknown loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
         if not isinstance(self.optimizer.get("name"), str):
@@ -106,10 +128,15 @@ class ClusterConfig:
     """cpu, cuda, or auto (cuda when present); cuda uses NCCL, cpu gloo."""
     timeout: float = 300.0
     """Seconds any collective may wait before the job fails."""
+    groups: int = 1
+    """Split the training workers into this many groups (hierarchical algorithms): Downpour
+    gives each group a sub-master; averaging and EASGD average within a group every
+    `group_period` steps and across groups every `period`."""
 
     def __post_init__(self) -> None:
         _at_least("cluster.workers", self.workers, 1)
         _at_least("cluster.threads", self.threads, 0)
+        _at_least("cluster.groups", self.groups, 1)
         if self.device not in DEVICES:
             raise ConfigError(f"cluster.device: must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if not (math.isfinite(self.timeout) and self.timeout > 0):
@@ -161,6 +188,23 @@ class JobConfig:
 
     def to_toml(self) -> str:
         return tomli_w.dumps(self.to_dict())
+
+
+SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(key: str, value: Any) -> int:
+    """Bytes from an integer or a string such as "512MB" or "1.5 GiB"."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
+        if match and match.group(2).lower() in SIZE_UNITS:
+            size = int(float(match.group(1)) * SIZE_UNITS[match.group(2).lower()])
+            if size > 0:
+                return size
+    raise ConfigError(f"{key}: must be a size in bytes, e.g. 536870912, \"512MB\" or \"2GiB\", got {value!r}")
 
 
 def _at_least(key: str, value: Any, minimum: int) -> None:
@@ -298,7 +342,7 @@ def from_dict(raw: dict, name: str = "job") -> JobConfig:
         if key not in known:
             raise _unknown(f"algorithm.{key}", known | {"name"})
     options = _build(cls.Options, {k: v for k, v in algorithm_table.items() if k in own}, "algorithm.")
-    job.algorithm = AlgorithmConfig(name=algorithm_name, options=dataclasses.asdict(options))
+    job.algorithm = AlgorithmConfig(name=algorithm_name, options=_drop_none(dataclasses.asdict(options)))
     job.name = name
     return job
 

@@ -1,4 +1,8 @@
-"""a9a (UCI Adult): the Parallel SGD paper's model with 2 workers reaches 0.84 test accuracy in 5 epochs."""
+"""a9a (UCI Adult): the Parallel SGD paper's model reaches 0.84 test accuracy.
+
+sync and averaging with 2 workers in 3 epochs; Downpour and asynchronous EASGD with 3 training
+workers (4 processes: the parameter server does not train) in 2 epochs.
+"""
 
 from __future__ import annotations
 
@@ -29,16 +33,21 @@ def a9a_datasets(tmp_path_factory, project_env_module):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["sync", "averaging"])
-def test_paper_model_reaches_84_percent(a9a_datasets, algorithm, tmp_path, project_env_module):
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(("algorithm", "workers", "epochs", "options"), [
+    ("sync", 2, 3, []), ("averaging", 2, 3, []), ("downpour", 4, 2, []),
+    ("easgd", 4, 2, ["--set", "algorithm.period=4"]),  # the example's period is averaging's "epoch"
+])
+def test_paper_model_reaches_84_percent(a9a_datasets, algorithm, workers, epochs, options, tmp_path,
+                                        project_env_module):
     train, test = a9a_datasets
     run_dir = tmp_path / "run"
     finished = subprocess.run(
-        [sys.executable, "-m", "shoal", "train", str(ROOT / "examples" / "a9a.toml"), "--workers", "2",
+        [sys.executable, "-m", "shoal", "train", str(ROOT / "examples" / "a9a.toml"), "--workers", str(workers),
          "--run-dir", str(run_dir), "--set", f"data.train='{train}'", "--set", f"data.test='{test}'",
-         "--set", f"algorithm.name='{algorithm}'", "--set", "train.epochs=5"],
-        capture_output=True, text=True, env=project_env_module, timeout=300, cwd=ROOT)
+         "--set", f"algorithm.name='{algorithm}'", "--set", f"train.epochs={epochs}", *options],
+        capture_output=True, text=True, env=project_env_module, timeout=380, cwd=ROOT)
     assert finished.returncode == 0, finished.stderr
-    epochs = [e for e in read_events(run_dir) if e["event"] == "epoch_end"]
-    assert len(epochs) == 5
-    assert epochs[-1]["test"]["accuracy"] >= 0.84, [e["test"] for e in epochs]
+    ends = [e for e in read_events(run_dir) if e["event"] == "epoch_end"]
+    assert len(ends) == epochs
+    assert ends[-1]["test"]["accuracy"] >= 0.84, [e["test"] for e in ends]

@@ -53,3 +53,22 @@ class Saboteur(nn.Module):
 def sabotaged(features: int = 20, rank: int = 1, at: int = 0, action: str = "none", marker: str = "",
               delay: float = 0.0) -> nn.Module:
     return Saboteur(features, rank, at, action, marker, delay)
+
+
+class Straggler(nn.Module):
+    """A small MLP that sleeps `delay` seconds in every training forward pass on worker `rank`."""
+
+    def __init__(self, features: int, rank: int, delay: float):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(features, 32), nn.Tanh(), nn.Linear(32, 2))
+        self.slow = os.environ.get("RANK") == str(rank) and delay > 0
+        self.delay = delay
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.training and self.slow:
+            time.sleep(self.delay)
+        return self.inner(inputs)
+
+
+def straggling(features: int = 20, rank: int = 1, delay: float = 0.0) -> nn.Module:
+    return Straggler(features, rank, delay)

@@ -6,6 +6,8 @@ import difflib
 
 from shoal.algorithms.averaging import ModelAveraging
 from shoal.algorithms.base import Algorithm, Plain
+from shoal.algorithms.downpour import Downpour
+from shoal.algorithms.elastic import ElasticAveraging
 from shoal.algorithms.sync import SynchronousSGD
 from shoal.errors import ConfigError
 
@@ -13,6 +15,8 @@ REGISTRY: dict[str, type[Algorithm]] = {
     "none": Plain,
     "sync": SynchronousSGD,
     "averaging": ModelAveraging,
+    "downpour": Downpour,
+    "easgd": ElasticAveraging,
 }
 
 
@@ -25,9 +29,10 @@ def algorithm_class(name: str) -> type[Algorithm]:
     return REGISTRY[name]
 
 
-def make_algorithm(name: str, options: dict) -> Algorithm:
+def make_algorithm(name: str, options: dict, groups: int = 1) -> Algorithm:
+    """The algorithm `name` with its options; `groups` is cluster.groups (hierarchical algorithms)."""
     cls = algorithm_class(name)
-    return cls(cls.Options(**options))
+    return cls.build(cls.Options(**options), groups)
 
 
 __all__ = ["Algorithm", "REGISTRY", "algorithm_class", "make_algorithm"]

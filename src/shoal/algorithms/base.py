@@ -7,6 +7,7 @@ says so through `trainer_ranks`, and the runner calls `serve` on the ranks that 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -25,11 +26,22 @@ class Algorithm:
 
     Options: type = NoOptions
 
-    def __init__(self, options=None):
+    supports_groups = False  # whether cluster.groups > 1 means something to this algorithm
+
+    def __init__(self, options=None, groups: int = 1):
         self.options = options if options is not None else self.Options()
+        self.groups = groups  # cluster.groups
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.comm: Communicator | None = None
+
+    @classmethod
+    def build(cls, options, groups: int = 1) -> Algorithm:
+        """The algorithm for these options (a class may hand over to a variant of itself)."""
+        return cls(options, groups)
+
+    def check(self, world_size: int) -> None:
+        """Raise ConfigError for settings that do not fit `world_size` processes."""
 
     def trainer_ranks(self, world_size: int) -> list[int]:
         """The ranks that train (all of them unless a server takes some)."""
@@ -42,6 +54,9 @@ class Algorithm:
         flat = FlatBuffer(state)
         comm.broadcast_(flat.pack(), source=0)
         flat.unpack_()
+
+    def plan(self, steps_per_epoch: int) -> None:
+        """Told before training how many steps every trainer runs per epoch."""
 
     def after_backward(self, rows: int) -> None:
         """Called after loss.backward() on a batch of `rows` rows."""
@@ -56,8 +71,16 @@ class Algorithm:
     def end_epoch(self, epoch: int) -> None:
         """Called when every worker has finished epoch `epoch` (from 0)."""
 
-    def serve(self) -> None:
-        """Run the server loop (only on ranks outside trainer_ranks)."""
+    def serve_epoch(self, epoch: int) -> None:
+        """Serve the trainers through epoch `epoch` (only on ranks outside trainer_ranks)."""
+
+    def consensus(self) -> contextlib.AbstractContextManager[nn.Module]:
+        """The model to evaluate and save: by default this rank's replica as it stands."""
+        return contextlib.nullcontext(self.model)
+
+    def epoch_report(self) -> dict:
+        """What this rank's algorithm has to say about the epoch just ended, for `epoch_end`."""
+        return {}
 
     def state_dict(self) -> dict:
         """The algorithm's own state, for checkpoints."""

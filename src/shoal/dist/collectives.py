@@ -8,7 +8,7 @@ one skips communication entirely, so one worker is plain training at no cost.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,30 @@ class Communicator:
         self.group = group
         self.device = device  # where small tensors travel: NCCL moves only device memory
         self.seconds = 0.0  # time spent in collectives, read by the loop for its time split
+
+    def split(self, members: list[list[int]]) -> Communicator:
+        """A communicator over the list in `members` that holds this rank (ranks of this communicator).
+
+        Every rank of this communicator must call it with the same `members`, in the same order;
+        a rank in none of the lists gets a communicator of its own (world size 1).
+        """
+        mine = next((group for group in members if self.rank in group), [self.rank])
+        if self.world_size == 1 or len(mine) == 1 and all(len(group) == 1 for group in members):
+            return Communicator(0, 1, device=self.device)
+        parent = dist.get_process_group_ranks(self.group) if self.group is not None else None
+        created = None
+        for group in members:  # new_group is collective: every rank creates every group
+            ranks = [parent[r] for r in group] if parent is not None else list(group)
+            handle = dist.new_group(ranks)
+            if group is mine:
+                created = handle
+        if created is None:
+            return Communicator(0, 1, device=self.device)
+        return Communicator(mine.index(self.rank), len(mine), group=created, device=self.device)
+
+    def global_rank(self, rank: int) -> int:
+        """The world rank of this communicator's rank `rank` (for point-to-point messages)."""
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
     def _timed(self, operation, *args, **kwargs):
         start = time.perf_counter()
@@ -93,6 +117,19 @@ class Communicator:
         holder = [value]
         self._timed(dist.broadcast_object_list, holder, src=source)
         return holder[0]
+
+    def send(self, tensor: torch.Tensor, destination: int, tag: int) -> None:
+        """Point-to-point: `tensor` to world rank `destination`, as a message of kind `tag`."""
+        start = time.perf_counter()
+        dist.send(tensor, dst=destination, tag=tag)
+        self.seconds += time.perf_counter() - start
+
+    def receive(self, tensor: torch.Tensor, source: int | None, tag: int) -> int:
+        """Point-to-point: a message of kind `tag` into `tensor`, from world rank `source` or any; the sender."""
+        start = time.perf_counter()
+        sender = dist.recv(tensor, src=source, tag=tag)
+        self.seconds += time.perf_counter() - start
+        return sender
 
     def barrier(self) -> None:
         if self.world_size > 1:

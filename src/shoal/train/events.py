@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,12 +23,15 @@ class EventLog:
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / EVENTS_FILE
         self._handle = open(self.path, "a", encoding="utf-8")
+        self._lock = threading.Lock()  # the background validation writes too
 
     def write(self, event: str, **fields: Any) -> dict:
         record = {"event": event, "time": round(time.time(), 3), **fields}
-        self._handle.write(json.dumps(record, default=_plain) + "\n")
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        line = json.dumps(record, default=_plain) + "\n"
+        with self._lock:
+            self._handle.write(line)
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
         return record
 
     def close(self) -> None:

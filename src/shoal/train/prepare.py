@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from shoal.algorithms import make_algorithm
 from shoal.config import JobConfig
 from shoal.data.format import Dataset, open_dataset
+from shoal.data.loader import plan_memory
 from shoal.errors import ConfigError, DataError
 from shoal.model import build_model, output_shape
 from shoal.train.objective import Objective
@@ -68,11 +70,20 @@ def model_spec(job: JobConfig, train_set: Dataset) -> dict:
     return {"input": input_shape, "layers": job.model.layers}
 
 
-def check_world_size(job: JobConfig, world_size: int) -> None:
+def check_world_size(job: JobConfig, world_size: int, train_set: Dataset) -> None:
     """Settings that make no sense for this many workers."""
     if job.algorithm.name == "none" and world_size > 1:
         raise ConfigError(f"algorithm.name: 'none' trains without communication; with {world_size} workers "
                           "all but one would train for nothing: use 'sync' or 'averaging'")
+    algorithm = make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups)
+    if job.cluster.groups > 1 and not algorithm.supports_groups:
+        raise ConfigError(f"cluster.groups: '{job.algorithm.name}' has no groups; hierarchical groups work with "
+                          "'averaging', 'easgd' and 'downpour'")
+    algorithm.check(world_size)
+    trainers = len(algorithm.trainer_ranks(world_size))
+    largest = -(-train_set.rows // trainers)
+    plan_memory(largest, train_set.features * train_set.feature_dtype.itemsize, job.train.batch_size,
+                job.data.memory_budget)
 
 
 def prepare(job: JobConfig) -> Prepared:

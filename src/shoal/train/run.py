@@ -20,7 +20,8 @@ import torch
 import shoal
 from shoal.algorithms import make_algorithm
 from shoal.config import JobConfig
-from shoal.data.loader import ShardLoader
+from shoal.data.loader import Converter, ShardLoader
+from shoal.data.partition import steps_per_epoch
 from shoal.dist.collectives import Communicator
 from shoal.dist.env import DistInfo, choose_device
 from shoal.dist.heartbeat import Heartbeat
@@ -37,9 +38,11 @@ from shoal.train.checkpoint import (
 )
 from shoal.train.events import EventLog, read_events
 from shoal.train.loop import EpochStats, Trainer
+from shoal.train.memory import current_rss, peak_rss
 from shoal.train.objective import evaluate
 from shoal.train.prepare import check_world_size, make_optimizer, prepare
 from shoal.train.progress import Progress
+from shoal.train.validation import Validator
 
 PROGRESS_SECONDS = 5.0  # how often the coordinator records the step it is at
 
@@ -65,26 +68,34 @@ def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resu
     seed_everything(job.train.seed)  # identical initial weights on every rank
     model = build_model(prepared.spec).to(device)
     optimizer = make_optimizer(job.train.optimizer, model.parameters())
-    algorithm = make_algorithm(job.algorithm.name, job.algorithm.options)
+    algorithm = make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups)
+    check_world_size(job, info.world_size, prepared.train_set)  # again here for jobs started by torchrun or srun
     algorithm.setup(model, optimizer, comm)
     seed_everything(job.train.seed + 1 + info.rank)  # dropout differs between ranks
     trainers = algorithm.trainer_ranks(info.world_size)
-    check_world_size(job, info.world_size)  # again here for jobs started by torchrun or srun
-    if info.rank not in trainers:
-        algorithm.serve()
-        return {}
+    training = info.rank in trainers  # a parameter server (or sub-master) serves instead
+    steps = steps_per_epoch(prepared.train_set.rows, len(trainers), job.train.batch_size)
+    algorithm.plan(steps)
 
+    # Imports that come anyway, made before the memory count so they do not show up as the data's.
+    import torch._dynamo  # noqa: F401  (the first optimizer step imports it)
+    if coordinator and prepared.test_set is not None:
+        import sklearn.metrics  # noqa: F401  (evaluation; its import also takes a second, kept out of epoch 1)
+
+    memory_before_data = current_rss()
     loader = ShardLoader(
         prepared.train_set, rank=trainers.index(info.rank), world_size=len(trainers),
         batch_size=job.train.batch_size, seed=job.train.seed, shuffle=job.train.shuffle,
         device=device, label_dtype=prepared.objective.label_dtype, sample_shape=prepared.spec["input"],
-    )
+        memory_budget=job.data.memory_budget, cache_dir=job.data.cache_dir,
+    ) if training else None
     hosts = comm.all_gather_object(info.host)
-    load_seconds = comm.all_gather(torch.tensor([loader.load_seconds], dtype=torch.float64))[:, 0].tolist()
-    trainer = Trainer(model, optimizer, prepared.objective, algorithm, loader, comm)
+    load_seconds = comm.all_gather(torch.tensor([loader.load_seconds if loader else 0.0], dtype=torch.float64))
+    holdings = comm.all_gather_object(loader.describe() if loader else {"mode": "serves"})
+    trainer = Trainer(model, optimizer, prepared.objective, algorithm, loader, comm) if training else None
     checkpointer = Checkpointer(run_dir, comm, job.checkpoint.keep)
 
-    start_epoch, final = 0, {}
+    start_epoch, final, global_step = 0, {}, 0
     identity = fingerprint(job, prepared.spec, prepared.train_set.rows, info.world_size)
     if resume:
         if coordinator:  # also here for jobs started by torchrun or srun, which skip the launcher's check
@@ -95,71 +106,96 @@ def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resu
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             algorithm.load_state_dict(state["algorithm"])
-            trainer.global_step = state["global_step"]
+            global_step = state["global_step"]
             restore_random_state(state["random"], device)
             start_epoch, final = found.epoch, found.coordinator.get("test", {})
+    if trainer is not None:
+        trainer.global_step = global_step
 
-    events = progress = test_rows = None
+    events = progress = test_rows = validator = None
     heartbeat = Heartbeat(run_dir, info.rank, info.host)
     if coordinator:
         events = EventLog(run_dir)
         details = dict(job=job.name, config=job.to_dict(), versions=versions(), world_size=info.world_size,
                        trainers=len(trainers), hosts=hosts, threads=threads, device=str(device),
                        algorithm=job.algorithm.name, train_rows=prepared.train_set.rows,
-                       test_rows=prepared.test_set.rows if prepared.test_set else 0, steps_per_epoch=loader.steps,
+                       test_rows=prepared.test_set.rows if prepared.test_set else 0, steps_per_epoch=steps,
                        parameters=sum(p.numel() for p in model.parameters()))
         started_before = any(e["event"] == "job_start" for e in read_events(run_dir))
         events.write("job_resumed" if started_before else "job_start", from_epoch=start_epoch, **details)
-        events.write("data_loaded", seconds=max(load_seconds), per_rank=load_seconds)
-        progress = Progress(job.output.progress, job.train.epochs, loader.steps, enabled=True)
+        per_rank = load_seconds[:, 0].tolist()
+        events.write("data_loaded", seconds=max(per_rank), per_rank=per_rank, shares=holdings)
+        progress = Progress(job.output.progress, job.train.epochs, steps, enabled=True)
         if prepared.test_set is not None:
             test_rows = prepared.test_set.read_all()
-            import sklearn.metrics  # noqa: F401  (its import takes a second: not inside the first epoch's timing)
-    trainer.on_step = step_callback(trainer, heartbeat, progress, events, loader.steps)
+            convert = Converter(prepared.test_set.feature_dtype, prepared.spec["input"], device,
+                                prepared.objective.label_dtype)
+            validator = Validator.from_job(job, prepared, model, test_rows, convert, events)
+    if trainer is not None:
+        trainer.on_step = step_callback(trainer, heartbeat, progress, events, steps, validator)
+    else:
+        algorithm.on_update = update_callback(heartbeat, validator)
 
     comm.barrier()  # start together: the coordinator's set-up must not show up as the first epoch's wait
     started = time.perf_counter()
     for epoch in range(start_epoch, job.train.epochs):
-        trainer.epoch = epoch
         if progress:
             progress.start_epoch(epoch)
-        stats = trainer.train_epoch(epoch)
+        if trainer is not None:
+            trainer.epoch = epoch
+            stats = trainer.train_epoch(epoch)
+        else:
+            began = time.perf_counter()
+            algorithm.serve_epoch(epoch)
+            stats = EpochStats(seconds=time.perf_counter() - began)
+        global_step = (epoch + 1) * steps
         gathered = comm.all_gather(stats.as_tensor())
         last = epoch + 1 == job.train.epochs
         if coordinator:
-            per_rank = [EpochStats.from_tensor(row) for row in gathered]
+            per_rank = [EpochStats.from_tensor(gathered[rank]) for rank in trainers]
             evaluation_seconds, test_metrics = 0.0, {}
             if test_rows is not None and ((epoch + 1) % job.train.eval_every == 0 or last):
                 began = time.perf_counter()
-                test_metrics = evaluate(model, prepared.objective, *test_rows, convert=loader.to_tensors)
+                with validator.paused(), algorithm.consensus() as consensus:
+                    test_metrics = evaluate(consensus, prepared.objective, *test_rows, convert=convert)
                 evaluation_seconds = time.perf_counter() - began
                 final = test_metrics
-            record = epoch_record(epoch, trainer.global_step, per_rank, hosts, test_metrics, evaluation_seconds)
+            record = epoch_record(epoch, global_step, per_rank, trainers, [hosts[r] for r in trainers],
+                                  test_metrics, evaluation_seconds)
+            report = algorithm.epoch_report()
+            if report:
+                record["algorithm"] = report
             events.write("epoch_end", **record)
             progress.end_epoch(epoch, record)
         every = job.checkpoint.every
         if every and ((epoch + 1) % every == 0 or last):
             began = time.perf_counter()
             rank_state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                          "algorithm": algorithm.state_dict(), "global_step": trainer.global_step,
+                          "algorithm": algorithm.state_dict(), "global_step": global_step,
                           "random": random_state(device)}
             path = checkpointer.save(epoch + 1, rank_state,
                                      {"test": final, "fingerprint": identity} if coordinator else None)
             if coordinator:
                 events.write("checkpoint", epoch=epoch + 1, path=str(path), seconds=time.perf_counter() - began)
+    memory = comm.all_gather_object({"before_data": memory_before_data, "peak": peak_rss()})
     if coordinator:
-        path = save_model(run_dir, model, prepared.spec, prepared.objective, prepared.train_set.classes,
-                          prepared.train_set.feature_dtype.name)
+        if validator is not None:
+            validator.close()
+        with algorithm.consensus() as consensus:
+            path = save_model(run_dir, consensus, prepared.spec, prepared.objective, prepared.train_set.classes,
+                              prepared.train_set.feature_dtype.name)
         events.write("job_end", status="completed", test=final, seconds=time.perf_counter() - started,
-                     epochs=job.train.epochs, steps=trainer.global_step, model=str(path))
+                     epochs=job.train.epochs, steps=global_step, model=str(path), memory=memory)
         events.close()
     comm.barrier()  # nobody leaves (and tears down the group) while the coordinator still writes
     heartbeat.close()
+    if loader is not None:
+        loader.close()
     return final
 
 
 def step_callback(trainer: Trainer, heartbeat: Heartbeat, progress: Progress | None, events: EventLog | None,
-                  steps_per_epoch: int):
+                  steps_per_epoch: int, validator: Validator | None = None):
     """What happens after every step outside the loop: a heartbeat, the bar, a periodic progress record."""
     last_record = [time.monotonic()]
 
@@ -167,6 +203,8 @@ def step_callback(trainer: Trainer, heartbeat: Heartbeat, progress: Progress | N
         heartbeat.beat(trainer.global_step)
         if progress is not None:
             progress.step(loss)
+        if validator is not None:
+            validator.offer(trainer.global_step)
         if events is not None and time.monotonic() - last_record[0] >= PROGRESS_SECONDS:
             last_record[0] = time.monotonic()
             epoch = getattr(trainer, "epoch", 0)
@@ -177,9 +215,20 @@ def step_callback(trainer: Trainer, heartbeat: Heartbeat, progress: Progress | N
     return on_step
 
 
-def epoch_record(epoch: int, step: int, per_rank: list[EpochStats], hosts: list[str], test: dict,
+def update_callback(heartbeat: Heartbeat, validator: Validator | None):
+    """A server's counterpart of `step_callback`, after every update it applies."""
+
+    def on_update(version: int) -> None:
+        heartbeat.beat(version)
+        if validator is not None:
+            validator.offer(version)
+
+    return on_update
+
+
+def epoch_record(epoch: int, step: int, per_rank: list[EpochStats], ranks: list[int], hosts: list[str], test: dict,
                  evaluation_seconds: float) -> dict:
-    """The `epoch_end` event: totals over ranks, the mean time split, and each worker's rate."""
+    """The `epoch_end` event: totals over the training ranks, the mean time split, and each worker's rate."""
     rows = sum(s.rows for s in per_rank)
     seconds = max(s.seconds for s in per_rank)
     count = len(per_rank)
@@ -198,9 +247,9 @@ def epoch_record(epoch: int, step: int, per_rank: list[EpochStats], hosts: list[
             "evaluation": evaluation_seconds,
         },
         "workers": [
-            {"rank": rank, "host": hosts[rank], "rows": int(s.rows), "seconds": s.seconds,
+            {"rank": rank, "host": host, "rows": int(s.rows), "seconds": s.seconds,
              "steps_per_second": s.steps / s.seconds if s.seconds > 0 else 0.0,
              "compute": s.compute, "communication": s.communication, "data": s.data}
-            for rank, s in enumerate(per_rank)
+            for rank, host, s in zip(ranks, hosts, per_rank)
         ],
     }

@@ -1,0 +1,106 @@
+"""Downpour SGD (Dean et al.; mpi_learn's default): an asynchronous parameter server.
+
+Rank 0 holds the central model and the job's optimizer and does not train. Each trainer
+computes gradients over `sync_every` batches without changing its weights, sends their
+row-weighted mean, and continues from the weights the server sends back. Asynchronously the
+server applies whichever update arrives first, so fast trainers run ahead of slow ones and
+updates can be stale (computed on weights some versions old); `synchronous = true` makes the
+server wait for one update from every trainer and apply their mean as one step, which is
+synchronous SGD with the server's optimizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shoal.algorithms.server import ServerAlgorithm, pack_from, unpack_into
+from shoal.dist.messages import Message
+from shoal.errors import ConfigError
+
+
+@dataclass
+class DownpourOptions:
+    sync_every: int = 1
+    """Batches whose gradients a trainer accumulates before sending them."""
+    synchronous: bool = False
+    """Wait for every trainer each round (synchronous SGD through the server)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sync_every, bool) or not isinstance(self.sync_every, int) or self.sync_every < 1:
+            raise ConfigError(f"algorithm.sync_every: must be an integer >= 1, got {self.sync_every!r}")
+        if not isinstance(self.synchronous, bool):
+            raise ConfigError(f"algorithm.synchronous: must be true or false, got {self.synchronous!r}")
+
+
+class Downpour(ServerAlgorithm):
+    """Trainers send gradients; the server steps its optimizer and sends weights back."""
+
+    Options = DownpourOptions
+    supports_groups = True
+
+    def __init__(self, options=None, groups: int = 1):
+        super().__init__(options, groups)
+        self.every = self.options.sync_every
+        self.synchronous = self.options.synchronous
+
+    def setup(self, model, optimizer, comm) -> None:
+        super().setup(model, optimizer, comm)
+        self.gradient_sum = torch.zeros(sum(p.numel() for p in self.parameters), dtype=self.update.buffer.dtype)
+        self.rows = 0
+
+    def after_backward(self, rows: int) -> None:
+        offset = 0
+        for parameter in self.parameters:
+            size = parameter.numel()
+            if parameter.grad is not None:
+                self.gradient_sum[offset : offset + size].add_(parameter.grad.reshape(-1), alpha=rows)
+            offset += size
+        self.rows += rows
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Trainers do not step: the server does, with the gradients they send."""
+
+    def fill_update(self, message: Message) -> None:
+        count = len(self.gradient_sum)
+        torch.div(self.gradient_sum, max(self.rows, 1), out=message.payload[:count])
+        pack_from(message.payload[count:], self.buffers)
+        message.rows = self.rows
+        self.gradient_sum.zero_()
+        self.rows = 0
+
+    def take_reply(self, message: Message) -> None:
+        with torch.no_grad():
+            unpack_into(message.payload, self.parameters)
+
+    def combine(self, updates: list[Message], into: Message) -> None:
+        """Row-weighted mean of the updates' gradients (and batch-norm statistics)."""
+        rows = sum(m.rows for m in updates)
+        into.payload.zero_()
+        for message in updates:
+            into.payload.add_(message.payload, alpha=message.rows / max(rows, 1))
+        into.rows = rows
+
+    def apply(self, updates: list[Message]) -> None:
+        if len(updates) == 1:
+            payload = updates[0].payload
+        else:
+            combined = Message(len(self.update.payload), self.update.buffer.dtype)
+            self.combine(updates, combined)
+            payload = combined.payload
+        offset = 0
+        for parameter in self.parameters:
+            size = parameter.numel()
+            parameter.grad = payload[offset : offset + size].view_as(parameter).clone()
+            offset += size
+        self.optimizer.step()
+        with torch.no_grad():
+            unpack_into(payload[offset:], self.buffers)
+
+    def fill_reply(self, message: Message, started_from: int) -> None:
+        with torch.no_grad():
+            pack_from(message.payload, self.parameters)
+
+    def state_dict(self) -> dict:
+        return {"version": self.version}

@@ -1,0 +1,89 @@
+"""Elastic Averaging SGD, asynchronous: the centre variable lives on a parameter server.
+
+Each trainer trains its own replica x_i with its own optimizer. Every `period` steps it sends
+x_i to the server, which computes d = alpha * (x_i - x~) against its centre x~ as it stands,
+moves the centre by d (with `momentum` m, by a velocity v <- m*v + d), and sends d back; the
+trainer moves to x_i - d. Trainers meet the server whenever they are ready, not together, so
+a slow one never holds up the others. The server's model is the centre: it is what the
+coordinator evaluates, checkpoints and saves. (`synchronous = true` is the collective variant
+in `elastic.py`; groups exist there only.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shoal.algorithms.elastic import ElasticOptions
+from shoal.algorithms.server import ServerAlgorithm, pack_from, unpack_into
+from shoal.dist.messages import Message
+from shoal.errors import ConfigError
+
+
+class ElasticServer(ServerAlgorithm):
+    """Trainers send their weights; the server answers with the elastic difference."""
+
+    Options = ElasticOptions
+    supports_groups = False
+
+    def __init__(self, options=None, groups: int = 1):
+        super().__init__(options, groups)
+        self.every = self.options.period if self.options.period != "epoch" else 0
+
+    def check(self, world_size: int) -> None:
+        if self.groups > 1:
+            raise ConfigError("cluster.groups: asynchronous EASGD has no groups; set algorithm.synchronous = true "
+                              "for hierarchical EASGD")
+        super().check(world_size)
+
+    def plan(self, steps_per_epoch: int) -> None:
+        if self.options.period == "epoch":
+            self.every = steps_per_epoch  # one exchange at each epoch's end
+        super().plan(steps_per_epoch)
+
+    def setup(self, model, optimizer, comm) -> None:
+        super().setup(model, optimizer, comm)
+        self.velocity = torch.zeros(len(self.reply.payload), dtype=self.reply.buffer.dtype)
+
+    def fill_update(self, message: Message) -> None:
+        with torch.no_grad():
+            pack_from(message.payload, self.parameters + self.buffers)
+        message.rows = 0
+
+    def take_reply(self, message: Message) -> None:
+        with torch.no_grad():
+            offset = 0
+            for parameter in self.parameters:
+                size = parameter.numel()
+                parameter.sub_(message.payload[offset : offset + size].view_as(parameter))
+                offset += size
+
+    def apply(self, updates: list[Message]) -> None:
+        """d = alpha * (x_i - centre) into the reply; the centre moves by d (or by its velocity)."""
+        (message,) = updates
+        count = len(self.reply.payload)
+        difference = self.reply.payload
+        with torch.no_grad():
+            pack_from(difference, self.parameters)  # the centre, for now
+            torch.sub(message.payload[:count], difference, out=difference)
+            difference.mul_(self.options.elastic_force)
+            if self.options.momentum:
+                self.velocity.mul_(self.options.momentum).add_(difference)
+                step = self.velocity
+            else:
+                step = difference
+            offset = 0
+            for parameter in self.parameters:
+                size = parameter.numel()
+                parameter.add_(step[offset : offset + size].view_as(parameter))
+                offset += size
+            unpack_into(message.payload[count:], self.buffers)  # batch-norm statistics: the latest trainer's
+
+    def fill_reply(self, message: Message, started_from: int) -> None:
+        """`apply` has already written the difference into the reply."""
+
+    def state_dict(self) -> dict:
+        return {"version": self.version, "velocity": self.velocity.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.version = state["version"]
+        self.velocity.copy_(state["velocity"])

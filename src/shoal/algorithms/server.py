@@ -1,0 +1,222 @@
+"""Parameter-server algorithms: rank 0 holds the central model and serves, the others train.
+
+Trainers exchange with their server every `every` steps (and once more at the end of an epoch
+if steps remain): one UPDATE message out, one REPLY back. So every trainer sends the same
+number of updates per epoch, which the server knows in advance: it serves until that many have
+arrived, then all ranks meet at the epoch's end (statistics, evaluation, checkpoint) as in the
+other algorithms. Asynchronous servers answer whichever trainer sends first; synchronous ones
+gather one update from every client before applying them together.
+
+With groups (Downpour), ranks 1..G are sub-masters: each gathers one update from every trainer
+of its group, combines them and acts as one worker toward the top server, then passes the
+reply down. The staleness of every update the top server applies (its version minus the
+version the sender started from) is summarized per epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from shoal.algorithms.averaging import contiguous_groups
+from shoal.algorithms.base import Algorithm
+from shoal.dist import messages
+from shoal.dist.messages import Message
+from shoal.errors import ConfigError
+
+
+class ServerAlgorithm(Algorithm):
+    """The roles, the message loop and the bookkeeping; subclasses say what an update means."""
+
+    synchronous = False
+    every = 1  # steps between a trainer's exchanges
+
+    def __init__(self, options=None, groups: int = 1):
+        super().__init__(options, groups)
+        self.version = 0  # updates applied by the top server; a trainer: the version its weights are from
+        self.since = 0  # a trainer's steps since its last exchange
+        self.rounds_per_epoch = 0
+        self.staleness: list[int] = []
+        self.on_update: Callable[[int], None] | None = None  # the coordinator's validation, given the version
+
+    # ------------------------------------------------------------------ layout
+
+    def relays(self) -> int:
+        """Sub-masters between the top server and the trainers."""
+        return self.groups if self.groups > 1 else 0
+
+    def trainer_ranks(self, world_size: int) -> list[int]:
+        return list(range(1 + self.relays(), world_size))
+
+    def check(self, world_size: int) -> None:
+        trainers = world_size - 1 - self.relays()
+        if trainers < max(1, self.groups):
+            need = 1 + self.relays() + max(1, self.groups)
+            what = f"a server, {self.relays()} sub-masters and " if self.relays() else "a server and "
+            raise ConfigError(f"cluster.workers: this algorithm needs {what}at least {max(1, self.groups)} "
+                              f"trainer(s): {need} processes or more, got {world_size}")
+
+    def group_members(self, world_size: int) -> list[list[int]]:
+        """The trainers of each group, contiguous and of sizes differing by at most one."""
+        trainers = self.trainer_ranks(world_size)
+        return [[trainers[i] for i in group] for group in contiguous_groups(len(trainers), max(1, self.groups))]
+
+    def role(self, rank: int, world_size: int) -> tuple[str, int | None, list[int]]:
+        """(role, the rank it sends updates to, the ranks it serves)."""
+        groups = self.group_members(world_size)
+        if rank == 0:
+            return "server", None, (list(range(1, 1 + self.relays())) if self.relays() else groups[0])
+        if rank <= self.relays():
+            return "relay", 0, groups[rank - 1]
+        group = next(i for i, members in enumerate(groups) if rank in members)
+        return "trainer", (1 + group if self.relays() else 0), []
+
+    # ------------------------------------------------------------------ set-up
+
+    def setup(self, model, optimizer, comm) -> None:
+        super().setup(model, optimizer, comm)
+        self.parameters = [p for p in model.parameters()]
+        self.buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self.kind, self.upstream, self.clients = self.role(comm.rank, comm.world_size)
+        dtype = self.parameters[0].dtype
+        self.update = Message(sum(p.numel() for p in self.parameters + self.buffers), dtype)
+        self.reply = Message(sum(p.numel() for p in self.parameters), dtype)
+
+    def plan(self, steps_per_epoch: int) -> None:
+        self.rounds_per_epoch = math.ceil(steps_per_epoch / self.every)
+
+    # ------------------------------------------------------------------ trainer side
+
+    def after_step(self, step: int) -> None:
+        self.since += 1
+        if self.since == self.every:
+            self.exchange_()
+
+    def end_epoch(self, epoch: int) -> None:
+        if self.kind == "trainer" and self.since:
+            self.exchange_()
+
+    def exchange_(self) -> None:
+        """Send this trainer's update upstream and take in the reply."""
+        self.fill_update(self.update)
+        self.update.version = self.version
+        self.comm.send(self.update.buffer, self.upstream, messages.UPDATE)
+        self.comm.receive(self.reply.buffer, self.upstream, messages.REPLY)
+        self.take_reply(self.reply)
+        self.version = self.reply.version
+        self.since = 0
+
+    # ------------------------------------------------------------------ server side
+
+    def serve_epoch(self, epoch: int) -> None:
+        if self.kind == "relay":
+            for _ in range(self.rounds_per_epoch):
+                self.relay_round()
+            return
+        expected = self.rounds_per_epoch * len(self.clients)
+        if self.synchronous:
+            for _ in range(self.rounds_per_epoch):
+                arrived = [self.receive_update() for _ in self.clients]
+                arrived.sort(key=lambda item: item[0])  # the same sum whatever the arrival order
+                self.apply_round([message for _, message in arrived])
+                for source, message in arrived:
+                    self.answer(source, message.version)
+        else:
+            for _ in range(expected):
+                source, message = self.receive_update(copy=False)
+                self.apply_round([message])
+                self.answer(source, message.version)
+
+    def receive_update(self, copy: bool = True) -> tuple[int, Message]:
+        source = self.comm.receive(self.update.buffer, None, messages.UPDATE)
+        if not copy:
+            return source, self.update
+        message = Message(len(self.update.payload), self.update.buffer.dtype)
+        message.buffer.copy_(self.update.buffer)
+        return source, message
+
+    def apply_round(self, updates: list[Message]) -> None:
+        """Apply one round's updates, count the version and the staleness of each."""
+        for message in updates:
+            self.staleness.append(self.version - message.version)
+        self.apply(updates)
+        self.version += 1
+        if self.on_update is not None:
+            self.on_update(self.version)
+
+    def answer(self, destination: int, started_from: int) -> None:
+        self.fill_reply(self.reply, started_from)
+        self.reply.version = self.version
+        self.comm.send(self.reply.buffer, destination, messages.REPLY)
+
+    def relay_round(self) -> None:
+        """A sub-master: one update from each trainer of the group, combined, sent up; the reply sent down."""
+        arrived = sorted((self.receive_update() for _ in self.clients), key=lambda item: item[0])
+        self.combine([message for _, message in arrived], self.update)
+        self.update.version = self.version
+        self.comm.send(self.update.buffer, self.upstream, messages.UPDATE)
+        self.comm.receive(self.reply.buffer, self.upstream, messages.REPLY)
+        self.version = self.reply.version
+        for source, _ in arrived:
+            self.comm.send(self.reply.buffer, source, messages.REPLY)
+
+    def epoch_report(self) -> dict:
+        if self.kind != "server":
+            return {}
+        values, self.staleness = self.staleness, []
+        if not values:
+            return {"updates": 0}
+        return {"updates": len(values), "version": self.version,
+                "staleness": {"mean": statistics.fmean(values), "median": statistics.median(values),
+                              "max": max(values), "zero": sum(v == 0 for v in values) / len(values)}}
+
+    # ------------------------------------------------------------------ what an update means
+
+    def fill_update(self, message: Message) -> None:
+        """A trainer: write its update (and `rows`) into the message."""
+        raise NotImplementedError
+
+    def take_reply(self, message: Message) -> None:
+        """A trainer: apply the server's reply to the local model."""
+        raise NotImplementedError
+
+    def combine(self, updates: list[Message], into: Message) -> None:
+        """A sub-master: merge its trainers' updates into one."""
+        raise NotImplementedError
+
+    def apply(self, updates: list[Message]) -> None:
+        """The server: apply updates (one, or a synchronous round's) to the central model."""
+        raise NotImplementedError
+
+    def fill_reply(self, message: Message, started_from: int) -> None:
+        """The server: what goes back to a trainer whose update started from version `started_from`."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {"version": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.version = state["version"]
+
+
+def unpack_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> int:
+    """Copy consecutive slices of `flat` into `tensors`; returns the numbers used."""
+    offset = 0
+    for tensor in tensors:
+        size = tensor.numel()
+        tensor.copy_(flat[offset : offset + size].view_as(tensor))
+        offset += size
+    return offset
+
+
+def pack_from(flat: torch.Tensor, tensors: list[torch.Tensor]) -> int:
+    """Copy `tensors` into consecutive slices of `flat`; returns the numbers used."""
+    offset = 0
+    for tensor in tensors:
+        size = tensor.numel()
+        flat[offset : offset + size].copy_(tensor.reshape(-1))
+        offset += size
+    return offset

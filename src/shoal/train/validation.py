@@ -1,0 +1,72 @@
+"""Validation during an epoch, on the coordinator, in the background: workers never wait for it.
+
+mpi_learn validates on the master every N updates. Here the coordinator (the server, for
+parameter-server algorithms) offers its count of updates (or steps) after each one; when
+`train.validate_every` of them or `train.validate_seconds` have passed since the last
+validation and none is running, the weights are copied into a second model and a background
+thread evaluates that copy on the test set and appends a `validation` event. The serving or
+training thread pays only for the copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+import time
+
+import torch
+
+from shoal.train.events import EventLog
+from shoal.train.objective import Objective, evaluate
+
+
+class Validator:
+    """Background evaluations of snapshots of `model`, every `every` counts or `seconds` seconds."""
+
+    def __init__(self, model: torch.nn.Module, objective: Objective, rows, convert, events: EventLog | None,
+                 every: int = 0, seconds: float = 0.0):
+        self.enabled = bool(every or seconds) and rows is not None and events is not None
+        self.model, self.objective, self.rows, self.convert, self.events = model, objective, rows, convert, events
+        self.every, self.seconds = every, seconds
+        self.shadow = copy.deepcopy(model) if self.enabled else None
+        self.last_count, self.last_time = 0, time.monotonic()
+        self.thread: threading.Thread | None = None
+        self.epoch = 0
+
+    @classmethod
+    def from_job(cls, job, prepared, model, rows, convert, events) -> Validator:
+        return cls(model, prepared.objective, rows, convert, events, job.train.validate_every,
+                   job.train.validate_seconds)
+
+    def offer(self, count: int) -> None:
+        """Called after each update or step with its count: start a validation if one is due."""
+        if not self.enabled:
+            return
+        due = (self.every and count - self.last_count >= self.every) or (
+            self.seconds and time.monotonic() - self.last_time >= self.seconds)
+        if not due or (self.thread is not None and self.thread.is_alive()):
+            return
+        self.last_count, self.last_time = count, time.monotonic()
+        with torch.no_grad():
+            for mine, theirs in zip(self.shadow.state_dict().values(), self.model.state_dict().values()):
+                mine.copy_(theirs)
+        self.thread = threading.Thread(target=self._validate, args=(count,), name="shoal-validation", daemon=True)
+        self.thread.start()
+
+    def _validate(self, count: int) -> None:
+        began = time.perf_counter()
+        with torch.no_grad():
+            metrics = evaluate(self.shadow, self.objective, *self.rows, convert=self.convert)
+        self.events.write("validation", count=count, test=metrics, seconds=time.perf_counter() - began)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Let a running validation finish first (the epoch's own evaluation comes next)."""
+        if self.thread is not None:
+            self.thread.join()
+        yield
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
