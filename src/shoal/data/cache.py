@@ -100,7 +100,17 @@ class ShareCache:
                     os.remove(path)
 
     def read_into(self, lo: int, hi: int, out: np.ndarray) -> None:
-        """Copy rows [lo, hi) into `out`, a slice at a time, giving each slice's pages back as it goes."""
+        """Copy rows [lo, hi) into `out`: a positioned read where the system has one (no pages of
+        the mapping become resident), else through the mapping, giving its pages back as it goes."""
+        if hasattr(os, "preadv"):
+            view = memoryview(out.reshape(-1)).cast("B")
+            done, offset, total = 0, lo * self.row_bytes, (hi - lo) * self.row_bytes
+            while done < total:
+                count = os.preadv(self._file.fileno(), [view[done:total]], offset + done)
+                if count <= 0:
+                    raise DataError(f"{self.base}.features: the cache file is shorter than expected")
+                done += count
+            return
         step = max(1, COPY_BYTES // self.row_bytes)
         for first in range(lo, hi, step):
             last = min(first + step, hi)

@@ -12,6 +12,7 @@ only the cache, never the store.
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Iterator
 
@@ -24,6 +25,7 @@ from shoal.data.format import Dataset
 from shoal.data.partition import (
     batch_bounds,
     blocked_epoch_order,
+    blocked_epoch_plan,
     epoch_order,
     share,
     steps_per_epoch,
@@ -104,6 +106,7 @@ class ShardLoader:
         self.part_rows = plan_memory(self.rows, row_bytes, batch_size, memory_budget)
         self.cache: ShareCache | None = None
         self._buffers: list[np.ndarray] = []  # the sub-partitions in memory, allocated once
+        self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shoal-cache-reader")
         began = time.perf_counter()
         if self.part_rows is None:
             self.features, self.labels = dataset.read_rows(self.start, self.stop)
@@ -150,36 +153,61 @@ class ShardLoader:
                 yield self.to_tensors(self.features[index], self.labels[index])
 
     def _cached_batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Batches out of the sub-partitions they fall in, each copied from the cache into a reused buffer."""
-        order = self.order(epoch)
+        """Batches out of the sub-partitions they fall in, each read from the cache into a reused buffer.
+
+        The order visits one sub-partition after another, so the rows a batch takes from each are
+        one contiguous run of positions: no per-row bookkeeping. As soon as a buffer is free, the
+        next sub-partition is read into it in the background (the read releases the GIL), so the
+        reading overlaps the training on the current one.
+        """
+        order, visits = blocked_epoch_plan(self.rows, self.part_rows, seed=self.seed, epoch=epoch, rank=self.rank,
+                                           shuffle=self.shuffle)
         parts = sub_partitions(self.rows, self.part_rows)
-        starts = np.array([lo for lo, _ in parts])
         if not self._buffers:
             self._buffers = [np.empty((self.part_rows, *self.dataset.shape), self.features.dtype)
                              for _ in range(PARTS_IN_MEMORY)]
-        free, held = list(self._buffers), {}  # held: part -> its rows
-        for lo, hi in batch_bounds(self.rows, self.steps, self.batch_size):
-            index = order[lo:hi]
-            part_of = np.searchsorted(starts, index, side="right") - 1
-            needed = np.unique(part_of)
-            for part in [p for p in held if p not in needed]:
-                free.append(held.pop(part).base)
-            for part in needed:
-                if part not in held:
-                    first, last = parts[part]
-                    held[part] = free.pop()[: last - first]
-                    self.cache.read_into(first, last, held[part])
-            if len(needed) == 1:
-                features = held[needed[0]][index - starts[needed[0]]]
-            else:
-                features = np.empty((len(index), *self.dataset.shape), self.features.dtype)
-                for part in needed:
-                    mask = part_of == part
-                    features[mask] = held[part][index[mask] - starts[part]]
-            yield self.to_tensors(features, self.labels[index])
+        free, held, pending = list(self._buffers), {}, {}  # visit -> its rows; visit -> (rows, read in flight)
+
+        def start_reading(visit: int) -> None:
+            if visit < len(visits) and visit not in held and visit not in pending and free:
+                first, last = parts[visits[visit][0]]
+                rows = free.pop()[: last - first]
+                pending[visit] = (rows, self._reader.submit(self.cache.read_into, first, last, rows))
+
+        def rows_of(visit: int) -> np.ndarray:
+            if visit not in held:
+                start_reading(visit)
+                rows, reading = pending.pop(visit)
+                reading.result()
+                held[visit] = rows
+            return held[visit]
+
+        visit = 0
+        try:
+            for lo, hi in batch_bounds(self.rows, self.steps, self.batch_size):
+                for finished in [v for v in held if v < visit]:
+                    free.append(held.pop(finished).base)
+                start_reading(visit)
+                start_reading(visit + 1)
+                pieces = []
+                while True:
+                    part, begin, end = visits[visit]
+                    a, b = max(lo, begin), min(hi, end)
+                    pieces.append(rows_of(visit)[order[a:b] - parts[part][0]])
+                    if hi <= end:
+                        break
+                    visit += 1
+                features = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+                yield self.to_tensors(features, self.labels[order[lo:hi]])
+                if hi == end and visit + 1 < len(visits):
+                    visit += 1
+        finally:
+            for _, reading in pending.values():  # an abandoned epoch must not leave a read writing a buffer
+                reading.result()
 
     def close(self) -> None:
         """Unmap and, unless kept in a cache folder, remove the local cache."""
+        self._reader.shutdown(wait=True)
         if self.cache is not None:
             self.features, self._buffers = None, []
             self.cache.close()

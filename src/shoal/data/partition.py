@@ -64,9 +64,21 @@ def blocked_epoch_order(
     A batch then spans at most two sub-partitions, so a loader needs only the sub-partitions
     of the current batch in memory.
     """
-    if not shuffle:
-        return np.arange(share_rows)
-    generator = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, rank, part_rows])))
+    return blocked_epoch_plan(share_rows, part_rows, seed=seed, epoch=epoch, rank=rank, shuffle=shuffle)[0]
+
+
+def blocked_epoch_plan(
+    share_rows: int, part_rows: int, *, seed: int, epoch: int, rank: int, shuffle: bool = True
+) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """`blocked_epoch_order` and its visits: (sub-partition, first position, end position) in order."""
     parts = sub_partitions(share_rows, part_rows)
-    pieces = [lo + generator.permutation(hi - lo) for lo, hi in (parts[i] for i in generator.permutation(len(parts)))]
-    return np.concatenate(pieces) if pieces else np.arange(0)
+    if not shuffle:
+        return np.arange(share_rows), [(part, lo, hi) for part, (lo, hi) in enumerate(parts)]
+    generator = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, rank, part_rows])))
+    pieces, visits, position = [], [], 0
+    for part in generator.permutation(len(parts)):
+        lo, hi = parts[part]
+        pieces.append(lo + generator.permutation(hi - lo))
+        visits.append((int(part), position, position + hi - lo))
+        position += hi - lo
+    return (np.concatenate(pieces) if pieces else np.arange(0)), visits
