@@ -3,7 +3,8 @@
 Each algorithm trains for E epochs (default 10) with 1, 2, 4 and 8 training workers on two
 tasks: UCI Adult (a9a, the Parallel SGD paper's 123-100-2 model with dropout, Adam lr 0.001,
 batch 32), imported from ../shared/data/a9a when that folder exists, and synthetic MNIST-shaped
-digits (cNeural's 784-40-10 sigmoid perceptron, SGD lr 0.5 momentum 0.9, batch 128). "Workers"
+digits (cNeural's 784-40-10 sigmoid perceptron, SGD lr 0.1 momentum 0.5, batch 128; cNeural's lr 0.5 momentum 0.9
+diverges under Downpour's stale updates). "Workers"
 counts the processes that train: Downpour and asynchronous EASGD run one more process, the
 parameter server on rank 0. Each run records the final test accuracy, seconds per epoch
 (median over epochs after the first) and, for the server algorithms, the mean staleness of the
@@ -48,7 +49,7 @@ MODELS = {
     "a9a": ('input = [123]\nlayers = [{ dense = 100, activation = "relu" }, { dropout = 0.5 }, { dense = 2 }]',
             '{ name = "adam", lr = 0.001, eps = 1e-8 }', 32),
     "digits": ('input = [784]\nlayers = [{ dense = 40, activation = "sigmoid" }, { dense = 10 }]',
-               '{ name = "sgd", lr = 0.5, momentum = 0.9 }', 128),
+               '{ name = "sgd", lr = 0.1, momentum = 0.5 }', 128),
 }
 
 
@@ -252,7 +253,8 @@ def main(argv: list[str] | None = None) -> None:
         paths["digits"] = prepare_digits(args.digits_rows, args.digits_test_rows)
         descriptions["digits"] = (f"Synthetic digits (`shoal data synth digits`), {args.digits_rows:,} training rows "
                                   f"(seed 1) and {args.digits_test_rows:,} test rows (seed 2); 784-40(sigmoid)-10, "
-                                  "SGD lr 0.5 momentum 0.9, batch 128 per worker.")
+                                  "SGD lr 0.1 momentum 0.5 (cNeural's lr 0.5, momentum 0.9 diverge when stale), "
+                                  "batch 128 per worker.")
 
     folder = WORK / "algorithms"
     rows = []

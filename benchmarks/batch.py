@@ -79,7 +79,8 @@ Machine: {machine_line(info)}. Command: `{command}` ({total / 60:.1f} minutes).
 Downpour (asynchronous, `sync_every = 1`: one update per batch) with {args.trainers} training workers
 and the parameter server on rank 0: {processes} processes, cores / processes threads each (at least 1).
 Data: {args.rows:,} synthetic digit rows (seed 1), {args.test_rows:,} test rows (seed 2); 784-40(sigmoid)-10,
-SGD lr 0.5 momentum 0.9 on the server, the same at every batch size; {args.epochs} epoch(s) per run.
+SGD lr 0.1 momentum 0.5 on the server (cNeural's lr 0.5 momentum 0.9 diverges under stale updates),
+the same at every batch size; {args.epochs} epoch(s) per run.
 Seconds per epoch: training only, median over epochs after the first. Speedup: seconds per epoch at
 batch {reference} divided by seconds per epoch at the batch. Updates per second: updates the server
 applied per second of training. Accuracy: on the test set after the last epoch.
