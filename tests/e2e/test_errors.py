@@ -27,6 +27,13 @@ CASES = {
     "no algorithm with workers": ([], ["--set", "algorithm.name='none'", "--workers", "2"],
                                   "algorithm.name: 'none' trains without communication"),
     "node rank": ([], ["--nnodes", "2", "--node-rank", "2"], "--node-rank: must be in 0..1, got 2"),
+    "a server without trainers": ([], ["--set", "algorithm.name='downpour'", "--workers", "1"],
+                                  "cluster.workers: this algorithm needs a server and at least 1 trainer(s)"),
+    "groups without a hierarchy": ([], ["--set", "algorithm.name='sync'", "--set", "cluster.groups=2",
+                                        "--workers", "2"], "cluster.groups: 'sync' has no groups"),
+    "bad memory size": ([], ["--set", "data.memory_per_worker='lots'"], "data.memory_per_worker: must be a size"),
+    "memory budget too small": ([], ["--set", "data.memory_per_worker=1000"],
+                                "data.memory_per_worker: 1,000 bytes cannot hold"),
 }
 
 

@@ -2,7 +2,7 @@
 
 The loop calls these hooks and nothing else about distribution, so a new algorithm is a new
 hook object and the loop never changes. A server algorithm (a parameter server on rank 0)
-says so through `trainer_ranks`, and the runner calls `serve` on the ranks that do not train.
+says so through `trainer_ranks`, and the runner calls `serve_epoch` on the ranks that do not train.
 """
 
 from __future__ import annotations
