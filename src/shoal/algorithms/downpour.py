@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from shoal.algorithms.server import ServerAlgorithm, pack_from, unpack_into
+from shoal.algorithms.server import ServerAlgorithm
+from shoal.dist.collectives import pack_into, unpack_from
 from shoal.dist.messages import Message
 from shoal.errors import ConfigError
 
@@ -65,22 +66,14 @@ class Downpour(ServerAlgorithm):
     def fill_update(self, message: Message) -> None:
         count = len(self.gradient_sum)
         torch.div(self.gradient_sum, max(self.rows, 1), out=message.payload[:count])
-        pack_from(message.payload[count:], self.buffers)
+        pack_into(message.payload[count:], self.buffers)
         message.rows = self.rows
         self.gradient_sum.zero_()
         self.rows = 0
 
     def take_reply(self, message: Message) -> None:
         with torch.no_grad():
-            unpack_into(message.payload, self.parameters)
-
-    def combine(self, updates: list[Message], into: Message) -> None:
-        """Row-weighted mean of the updates' gradients (and batch-norm statistics)."""
-        rows = sum(m.rows for m in updates)
-        into.payload.zero_()
-        for message in updates:
-            into.payload.add_(message.payload, alpha=message.rows / max(rows, 1))
-        into.rows = rows
+            unpack_from(message.payload, self.parameters)
 
     def apply(self, updates: list[Message]) -> None:
         if len(updates) == 1:
@@ -96,11 +89,8 @@ class Downpour(ServerAlgorithm):
             offset += size
         self.optimizer.step()
         with torch.no_grad():
-            unpack_into(payload[offset:], self.buffers)
+            unpack_from(payload[offset:], self.buffers)
 
     def fill_reply(self, message: Message, started_from: int) -> None:
         with torch.no_grad():
-            pack_from(message.payload, self.parameters)
-
-    def state_dict(self) -> dict:
-        return {"version": self.version}
+            pack_into(message.payload, self.parameters)

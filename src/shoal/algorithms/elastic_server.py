@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from shoal.algorithms.elastic import ElasticOptions
-from shoal.algorithms.server import ServerAlgorithm, pack_from, unpack_into
+from shoal.algorithms.server import ServerAlgorithm
+from shoal.dist.collectives import pack_into, unpack_from
 from shoal.dist.messages import Message
 from shoal.errors import ConfigError
 
@@ -46,7 +47,7 @@ class ElasticServer(ServerAlgorithm):
 
     def fill_update(self, message: Message) -> None:
         with torch.no_grad():
-            pack_from(message.payload, self.parameters + self.buffers)
+            pack_into(message.payload, self.parameters + self.buffers)
         message.rows = 0
 
     def take_reply(self, message: Message) -> None:
@@ -63,7 +64,7 @@ class ElasticServer(ServerAlgorithm):
         count = len(self.reply.payload)
         difference = self.reply.payload
         with torch.no_grad():
-            pack_from(difference, self.parameters)  # the centre, for now
+            pack_into(difference, self.parameters)  # the centre, for now
             torch.sub(message.payload[:count], difference, out=difference)
             difference.mul_(self.options.elastic_force)
             if self.options.momentum:
@@ -76,7 +77,7 @@ class ElasticServer(ServerAlgorithm):
                 size = parameter.numel()
                 parameter.add_(step[offset : offset + size].view_as(parameter))
                 offset += size
-            unpack_into(message.payload[count:], self.buffers)  # batch-norm statistics: the latest trainer's
+            unpack_from(message.payload[count:], self.buffers)  # batch-norm statistics: the latest trainer's
 
     def fill_reply(self, message: Message, started_from: int) -> None:
         """`apply` has already written the difference into the reply."""

@@ -15,11 +15,10 @@ version the sender started from) is summarized per epoch.
 
 from __future__ import annotations
 
+import abc
 import math
 import statistics
 from collections.abc import Callable
-
-import torch
 
 from shoal.algorithms.averaging import contiguous_groups
 from shoal.algorithms.base import Algorithm
@@ -28,7 +27,7 @@ from shoal.dist.messages import Message
 from shoal.errors import ConfigError
 
 
-class ServerAlgorithm(Algorithm):
+class ServerAlgorithm(Algorithm, abc.ABC):
     """The roles, the message loop and the bookkeeping; subclasses say what an update means."""
 
     synchronous = False
@@ -175,48 +174,33 @@ class ServerAlgorithm(Algorithm):
 
     # ------------------------------------------------------------------ what an update means
 
+    @abc.abstractmethod
     def fill_update(self, message: Message) -> None:
         """A trainer: write its update (and `rows`) into the message."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def take_reply(self, message: Message) -> None:
         """A trainer: apply the server's reply to the local model."""
-        raise NotImplementedError
 
     def combine(self, updates: list[Message], into: Message) -> None:
-        """A sub-master: merge its trainers' updates into one."""
-        raise NotImplementedError
+        """A sub-master (and a synchronous server): the mean of the updates, weighted by their rows
+        (equally when they carry none)."""
+        rows = sum(m.rows for m in updates)
+        into.payload.zero_()
+        for message in updates:
+            into.payload.add_(message.payload, alpha=(message.rows / rows) if rows else 1 / len(updates))
+        into.rows = rows
 
+    @abc.abstractmethod
     def apply(self, updates: list[Message]) -> None:
         """The server: apply updates (one, or a synchronous round's) to the central model."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def fill_reply(self, message: Message, started_from: int) -> None:
         """The server: what goes back to a trainer whose update started from version `started_from`."""
-        raise NotImplementedError
 
     def state_dict(self) -> dict:
         return {"version": self.version}
 
     def load_state_dict(self, state: dict) -> None:
         self.version = state["version"]
-
-
-def unpack_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> int:
-    """Copy consecutive slices of `flat` into `tensors`; returns the numbers used."""
-    offset = 0
-    for tensor in tensors:
-        size = tensor.numel()
-        tensor.copy_(flat[offset : offset + size].view_as(tensor))
-        offset += size
-    return offset
-
-
-def pack_from(flat: torch.Tensor, tensors: list[torch.Tensor]) -> int:
-    """Copy `tensors` into consecutive slices of `flat`; returns the numbers used."""
-    offset = 0
-    for tensor in tensors:
-        size = tensor.numel()
-        flat[offset : offset + size].copy_(tensor.reshape(-1))
-        offset += size
-    return offset

@@ -2,10 +2,10 @@
 
 A share larger than the worker's memory budget cannot be held in RAM (the Parallel SGD
 paper's sub-partitions, cNeural's "load once, read many"). It is copied once, a bounded
-number of rows at a time, into a local file that is then mapped into memory. The loader
-copies it out one sub-partition at a time into buffers it reuses, handing the mapped pages
-back to the kernel as it goes (`release`), so the worker's resident memory stays bounded by
-its budget.
+number of rows at a time, into a local file. The loader reads it one sub-partition at a time
+into buffers it reuses (positioned reads, so nothing of the file becomes resident beyond
+them), and the worker's resident memory stays bounded by its budget. The file is also mapped
+into memory, for random access to any row (`features`).
 
 With a cache folder the files are kept, named by the dataset's fingerprint and the row
 range: a later run on the unchanged dataset maps them instead of reading the store again.
@@ -27,9 +27,6 @@ import numpy as np
 
 from shoal.data.format import Dataset
 from shoal.errors import DataError
-
-PAGE = mmap.PAGESIZE
-COPY_BYTES = 4 * 2**20  # mapped pages held at once while a sub-partition is copied out
 
 
 class ShareCache:
@@ -100,31 +97,14 @@ class ShareCache:
                     os.remove(path)
 
     def read_into(self, lo: int, hi: int, out: np.ndarray) -> None:
-        """Copy rows [lo, hi) into `out`: a positioned read where the system has one (no pages of
-        the mapping become resident), else through the mapping, giving its pages back as it goes."""
-        if hasattr(os, "preadv"):
-            view = memoryview(out.reshape(-1)).cast("B")
-            done, offset, total = 0, lo * self.row_bytes, (hi - lo) * self.row_bytes
-            while done < total:
-                count = os.preadv(self._file.fileno(), [view[done:total]], offset + done)
-                if count <= 0:
-                    raise DataError(f"{self.base}.features: the cache file is shorter than expected")
-                done += count
-            return
-        step = max(1, COPY_BYTES // self.row_bytes)
-        for first in range(lo, hi, step):
-            last = min(first + step, hi)
-            out[first - lo : last - lo] = self.features[first:last]
-            self.release(first, last)
-
-    def release(self, lo: int, hi: int) -> None:
-        """Drop the pages of rows [lo, hi) from this process's memory; the file keeps them."""
-        if self._map is None or hi <= lo:
-            return
-        first = (lo * self.row_bytes) // PAGE * PAGE
-        last = min(hi * self.row_bytes, len(self._map))
-        if last > first:
-            self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
+        """Copy rows [lo, hi) into `out` with positioned reads: no page of the mapping becomes resident."""
+        view = memoryview(out.reshape(-1)).cast("B")
+        done, offset, total = 0, lo * self.row_bytes, (hi - lo) * self.row_bytes
+        while done < total:
+            count = os.preadv(self._file.fileno(), [view[done:total]], offset + done)
+            if count <= 0:
+                raise DataError(f"{self.base}.features: the cache file is shorter than expected")
+            done += count
 
     def close(self) -> None:
         """Unmap the file; remove it unless it lives in a cache folder for later runs."""

@@ -5,9 +5,8 @@ converted per batch. A batch is one fancy-index of the share's array: no per-sam
 
 A share that fits the worker's memory budget (or any share, without a budget) is read into
 RAM. A larger one is copied once to a local memory-mapped cache (`ShareCache`) and each epoch
-visits it one sub-partition at a time, rows shuffled within: the pages of a finished
-sub-partition are given back, so resident memory stays near the budget, and later epochs read
-only the cache, never the store.
+visits it one sub-partition at a time, rows shuffled within, read into two reused buffers, so
+resident memory stays near the budget, and later epochs read only the cache, never the store.
 """
 
 from __future__ import annotations

@@ -14,28 +14,41 @@ import torch
 import torch.distributed as dist
 
 
+def pack_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> int:
+    """Copy `tensors` into consecutive slices of `flat`; returns the numbers used."""
+    offset = 0
+    for tensor in tensors:
+        size = tensor.numel()
+        flat[offset : offset + size].copy_(tensor.reshape(-1))
+        offset += size
+    return offset
+
+
+def unpack_from(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> int:
+    """Copy consecutive slices of `flat` into `tensors`; returns the numbers used."""
+    offset = 0
+    for tensor in tensors:
+        size = tensor.numel()
+        tensor.copy_(flat[offset : offset + size].view_as(tensor))
+        offset += size
+    return offset
+
+
 class FlatBuffer:
     """One contiguous buffer mirroring a list of tensors, packed and unpacked in place."""
 
     def __init__(self, tensors: Sequence[torch.Tensor], extra: int = 0):
         self.tensors = list(tensors)
-        self.sizes = [t.numel() for t in self.tensors]
-        total = sum(self.sizes) + extra
+        total = sum(t.numel() for t in self.tensors) + extra
         first = self.tensors[0] if self.tensors else torch.empty(0)
         self.buffer = torch.zeros(total, dtype=first.dtype, device=first.device)
 
     def pack(self, tensors: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
-        offset = 0
-        for tensor, size in zip(tensors if tensors is not None else self.tensors, self.sizes):
-            self.buffer[offset : offset + size].copy_(tensor.reshape(-1))
-            offset += size
+        pack_into(self.buffer, tensors if tensors is not None else self.tensors)
         return self.buffer
 
     def unpack_(self, tensors: Sequence[torch.Tensor] | None = None) -> None:
-        offset = 0
-        for tensor, size in zip(tensors if tensors is not None else self.tensors, self.sizes):
-            tensor.copy_(self.buffer[offset : offset + size].view_as(tensor))
-            offset += size
+        unpack_from(self.buffer, tensors if tensors is not None else self.tensors)
 
 
 class Communicator:
