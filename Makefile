@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+PEERS_STAMP := $(VENV)/.peers-stamp
 
 .PHONY: install demo test lint bench
 
@@ -16,6 +17,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# Spark for the peer comparison in benchmarks/peers.py (bench only).
+$(PEERS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,peers]'
+	touch $(PEERS_STAMP)
+
 demo: install
 	@test -d .demo/train || $(BIN)/shoal data synth binary --rows 200000 --seed 1 --out .demo/train
 	@test -d .demo/test || $(BIN)/shoal data synth binary --rows 20000 --seed 2 --out .demo/test
@@ -26,7 +32,7 @@ test: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest
 
-bench: install
+bench: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.overhead
 	$(BIN)/python -m benchmarks.epoch
 	$(BIN)/python -m benchmarks.loader
@@ -35,3 +41,5 @@ bench: install
 	$(BIN)/python -m benchmarks.algorithms
 	$(BIN)/python -m benchmarks.batch
 	$(BIN)/python -m benchmarks.server
+	$(BIN)/python -m benchmarks.peers
+	$(BIN)/python -m benchmarks.scaling

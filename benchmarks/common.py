@@ -3,46 +3,28 @@
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
 from datetime import date
 from pathlib import Path
 
-import psutil
-import torch
+from shoal.bench.machine import describe
+from shoal.bench.machine import machine_line as describe_line
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = ROOT / "benchmarks" / "work"  # generated data and runs; ignored by git
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def machine() -> dict:
-    return {
-        "cores": len(os.sched_getaffinity(0)),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "cpu": cpu_model(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
+    info = describe()
+    info.pop("host")
+    return info
 
 
 def machine_line(info: dict | None = None) -> str:
-    info = info or machine()
-    return (f"{info['cores']} cores, {info['memory_gib']} GiB, {info['cpu']}; "
-            f"torch {info['torch']}, Python {info['python']}")
+    return describe_line(info or machine())
 
 
 def hardware_tag(info: dict | None = None) -> str:

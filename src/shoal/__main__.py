@@ -1,7 +1,5 @@
 """`python -m shoal` is the `shoal` command."""
 
-import sys
+from shoal.cli import run
 
-from shoal.cli import main
-
-sys.exit(main())
+run()

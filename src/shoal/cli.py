@@ -106,8 +106,14 @@ def command_split(args: argparse.Namespace) -> int:
 
 
 def command_sample(args: argparse.Namespace) -> int:
-    from shoal.data.derive import parse_ratio, sample
+    from shoal.data.derive import parse_ratio, sample, subset
 
+    if args.rows is not None:
+        if args.minority is not None:
+            raise ShoalError("--minority: only with --ratio (--rows keeps every class's proportion)")
+        dataset = subset(args.dataset, args.out, rows=args.rows, seed=args.seed)
+        print(f"{args.out}: {dataset.rows:,} rows drawn at random, each class in proportion")
+        return 0
     ratio = parse_ratio(args.ratio, f"{args.dataset}: --ratio")
     dataset = sample(args.dataset, args.out, ratio=ratio, seed=args.seed, minority=args.minority)
     how = dataset.meta["derived"][-1]
@@ -138,6 +144,34 @@ def command_report(args: argparse.Namespace) -> int:
     from shoal.train.report import write_report
 
     print(write_report(args.run_dir))
+    return 0
+
+
+def command_scaling(args: argparse.Namespace) -> int:
+    from shoal.api import resolve_job
+    from shoal.bench.grid import parse_ratios, parse_rows, parse_workers
+    from shoal.bench.report import write_report
+    from shoal.bench.study import run_study
+    from shoal.dist.launch import Interrupted
+
+    job = resolve_job(args.job, args.overrides)
+    rows = parse_rows(args.sizes) if args.sizes is not None else None
+    ratios = parse_ratios(args.ratios) if args.ratios is not None else None
+    try:
+        run_study(job, args.out, rows=rows, ratios=ratios, workers=parse_workers(args.workers), trials=args.trials,
+                  seed=args.seed, progress=not args.no_progress)
+    except Interrupted as interrupt:
+        print(f"shoal: {interrupt}; the finished trials are in {args.out}/trials.csv: run the same command "
+              "to go on", file=sys.stderr)
+        return interrupt.exit_code
+    print(f"report: {write_report(args.out, args.measure, args.alpha)}")
+    return 0
+
+
+def command_scaling_report(args: argparse.Namespace) -> int:
+    from shoal.bench.report import write_report
+
+    print(write_report(args.out, args.measure, args.alpha))
     return 0
 
 
@@ -211,10 +245,13 @@ def parser() -> argparse.ArgumentParser:
     split.add_argument("--out-test", help="the test set folder to create (default DATASET-test)")
     split.set_defaults(handler=command_split)
 
-    sample = data.add_parser("sample", help="under-sample the majority to a minority:majority ratio")
+    sample = data.add_parser("sample", help="under-sample the majority to a minority:majority ratio, "
+                             "or draw a random subset of N rows")
     sample.add_argument("dataset", help="a dataset folder (local path or URI)")
-    sample.add_argument("--ratio", required=True, metavar="MINORITY:MAJORITY",
-                        help="e.g. 1:25 keeps every minority row and 25 majority rows for each")
+    how = sample.add_mutually_exclusive_group(required=True)
+    how.add_argument("--ratio", metavar="MINORITY:MAJORITY",
+                     help="e.g. 1:25 keeps every minority row and 25 majority rows for each")
+    how.add_argument("--rows", type=int, metavar="N", help="N rows at random, each class keeping its proportion")
     sample.add_argument("--out", required=True, help="the dataset folder to create")
     sample.add_argument("--seed", type=int, default=0, help="draws the majority rows")
     sample.add_argument("--minority", metavar="LABEL", help="the minority class (default: the class with fewest rows)")
@@ -231,6 +268,31 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
                         help="redraw every SECONDS (default 2) until the job ends or Ctrl-C")
     status.set_defaults(handler=command_status)
+
+    bench = commands.add_parser("bench", help="scaling studies: training time against dataset size and workers")
+    bench = bench.add_subparsers(dest="bench_command", required=True)
+    scaling = bench.add_parser("scaling", help="train a job on a grid of dataset sizes x worker counts x trials, "
+                               "then write ANOVA and Tukey tables and plots")
+    scaling.add_argument("job", type=Path, help="the job file (TOML); its data.train is the largest dataset")
+    sizes = scaling.add_mutually_exclusive_group(required=True)
+    sizes.add_argument("--sizes", metavar="ROWS[,ROWS...]", help="row counts drawn at random from data.train, "
+                       "like 2240,22400,2.2M")
+    sizes.add_argument("--ratios", metavar="1:R[,1:R...]", help="under-sample data.train to these "
+                       "minority:majority ratios, like 1:1,1:5,1:2000")
+    scaling.add_argument("--workers", required=True, metavar="N[,N...]", help="worker counts, like 1,2,4,8")
+    scaling.add_argument("--trials", type=int, default=20, help="trials per size and worker count (default 20)")
+    scaling.add_argument("--out", type=Path, required=True, help="the study folder; rerun to resume or extend")
+    scaling.add_argument("--seed", type=int, default=0, help="draws the datasets and the order of the trials")
+    scaling.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a job key for every trial (repeatable)")
+    scaling.add_argument("--no-progress", action="store_true", help="no progress bar")
+    for command in (scaling, bench.add_parser("report", help="remake a study's report.md, tables and plots")):
+        if command is not scaling:
+            command.add_argument("out", type=Path, help="the study folder")
+        command.add_argument("--measure", default="train_seconds", choices=["train_seconds", "job_seconds",
+                             "wall_seconds"], help="the time the statistics compare (default train_seconds)")
+        command.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+        command.set_defaults(handler=command_scaling if command is scaling else command_scaling_report)
 
     report = commands.add_parser("report", help="write RUN_DIR/report.md with plots of loss, time split, workers")
     report.add_argument("run_dir", help="a run directory")
@@ -250,5 +312,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """The `shoal` command's entry point: `main`, then a quick exit (see shoal.process)."""
+    from shoal.process import end_process
+
+    end_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

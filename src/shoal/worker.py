@@ -21,6 +21,7 @@ from shoal.dist.collectives import Communicator
 from shoal.dist.env import choose_device, get_dist_info, init_process_group, threads_per_worker
 from shoal.dist.heartbeat import HEARTBEAT_SECONDS, end_silent_peer
 from shoal.errors import EXIT_USAGE, ShoalError
+from shoal.process import end_process
 from shoal.train.run import run_worker
 
 
@@ -75,4 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if status == 0:
+        end_process(status)  # the run is written and closed; skip the interpreter's teardown
+    sys.exit(status)

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from shoal.cli import main
-from shoal.data.derive import sample, split
+from shoal.data.derive import sample, split, subset
 from shoal.data.describe import describe
 from shoal.data.format import DatasetWriter, open_dataset
 from shoal.errors import DataError
@@ -217,6 +217,24 @@ def test_sample_refuses_when_the_majority_is_too_small(claims, tmp_path):
     assert str(caught.value) == (f"{path}: ratio 1:13 needs 390 majority rows for the 30 rows of class 1, "
                                  "but the other classes hold only 370")
     assert sorted(os.listdir(tmp_path)) == ["claims"]
+
+
+def test_subset_draws_exactly_n_rows_keeping_each_class_in_proportion(animals, tmp_path, capsys):
+    path, labels = animals
+    counts = collections.Counter(labels.tolist())
+    taken = subset(path, tmp_path / "out", rows=50, seed=4)
+    ids, kept = rows_of(taken.path)
+    assert taken.rows == 50 and len(set(ids.tolist())) == 50 and kept == labels[ids].tolist()
+    for label, count in collections.Counter(kept).items():  # floor or ceil of a quarter of each class
+        assert abs(count - counts[label] / 4) < 1
+    assert taken.classes == ["ant", "bee", "cat"] and taken.meta["derived"][-1]["operation"] == "subset"
+    assert rows_of(subset(path, tmp_path / "again", rows=50, seed=4).path)[0].tolist() == ids.tolist()
+    status, out, _ = run(["data", "sample", str(path), "--rows", "20", "--out", str(tmp_path / "cli")], capsys)
+    assert status == 0 and open_dataset(str(tmp_path / "cli")).rows == 20 and "20 rows drawn" in out
+    for rows in ("0", "200"):
+        status, _, err = run(["data", "sample", str(path), "--rows", rows, "--out", str(tmp_path / "bad")], capsys)
+        assert status == 2 and f"{path}: a subset needs between 1 and 199 rows" in err and err.count("\n") == 1
+    assert not (tmp_path / "bad").exists()
 
 
 # ---------------------------------------------------------------- errors through the command line

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from shoal.data.format import META_FILE, DatasetWriter, open_dataset
+from shoal.data.format import META_FILE, DatasetWriter, column_values, open_dataset
 from shoal.errors import DataError
 
 
@@ -302,3 +305,27 @@ def test_a_dataset_opens_through_a_filesystem_uri(tmp_path):
     np.testing.assert_array_equal(labels, (np.arange(10) % 2)[3:9])
     with pytest.raises(DataError, match="dataset not found"):
         open_dataset((tmp_path / "missing").as_uri())
+
+
+def test_column_values_reads_numbers_from_the_buffer_and_the_rest_through_arrow():
+    cases = [
+        (pa.array(np.arange(10, dtype=np.int32)).slice(3, 4), np.arange(3, 7, dtype=np.int32)),
+        (pa.array(np.array([1.5, -2.5], dtype=np.float32)), np.array([1.5, -2.5], dtype=np.float32)),
+        (pa.array(np.array([7, 250], dtype=np.uint8)), np.array([7, 250], dtype=np.uint8)),
+        (pa.chunked_array([pa.array([1, 2]), pa.array([3])]), np.array([1, 2, 3])),
+        (pa.array(["no", "yes"]), np.array(["no", "yes"], dtype=object)),
+        (pa.array([1.0, None]), np.array([1.0, np.nan])),
+    ]
+    for column, expected in cases:
+        values = column_values(column)
+        assert values.dtype == expected.dtype
+        np.testing.assert_array_equal(values, expected)
+
+
+def test_reading_numeric_labels_does_not_import_pandas(tmp_path):
+    # pyarrow's to_numpy imports pandas whenever it is installed: seconds and memory in every worker
+    with DatasetWriter(str(tmp_path / "set"), (2,), "float32") as writer:
+        writer.write(np.ones((10, 2), dtype=np.float32), np.arange(10) % 2)
+    code = (f"import sys; from shoal.data.format import open_dataset; open_dataset({str(tmp_path / 'set')!r})"
+            ".read_all(); print('pandas' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

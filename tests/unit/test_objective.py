@@ -9,7 +9,7 @@ from sklearn.metrics import accuracy_score, mean_squared_error, roc_auc_score
 from torch.nn import functional
 
 from shoal.errors import ConfigError
-from shoal.train.objective import Objective, evaluate
+from shoal.train.objective import Objective, evaluate, roc_auc
 
 
 @pytest.fixture
@@ -214,3 +214,12 @@ def test_evaluate_regression_gives_rmse():
     assert set(metrics) == {"loss", "rmse"}
     assert metrics["loss"] == pytest.approx(mean_squared_error(targets, outputs), rel=1e-5)
     assert metrics["rmse"] == pytest.approx(np.sqrt(mean_squared_error(targets, outputs)), rel=1e-5)
+
+
+def test_roc_auc_matches_scikit_learn_with_ties_and_float32_scores():
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 2, size=500)
+    tied = np.round(rng.normal(size=500) + labels, 1)  # many tied scores across both classes
+    for scores in (tied, tied.astype(np.float32), rng.random(500).astype(np.float32), labels * 1.0):
+        assert roc_auc(labels, scores) == pytest.approx(roc_auc_score(labels, scores), rel=1e-12)
+    assert roc_auc(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8])) == 0.75

@@ -1,4 +1,4 @@
-"""Datasets made from a dataset: a seeded train/test split, and random under-sampling.
+"""Datasets made from a dataset: a seeded train/test split, random subsets and under-sampling.
 
 Both decide from the labels alone which rows go where (a seeded draw over row numbers: the
 labels of millions of rows fit in memory, their features need not), then stream the rows one
@@ -137,6 +137,35 @@ def sample(
            "minority_rows": minority_rows, "majority_rows": wanted, "seed": seed}
     (sampled,) = _write(dataset, [(os.fspath(out), keep, how)])
     return sampled
+
+
+def subset(
+    dataset: Dataset | str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    rows: int,
+    seed: int = 0,
+) -> Dataset:
+    """`rows` rows drawn at random without replacement, each class keeping its proportion.
+
+    A class of n rows gives floor or ceil of rows/total x n of them (largest remainders round
+    up, so the total is exact); a dataset without classes is drawn from as one pool.
+    """
+    dataset = as_dataset(dataset)
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 0 < rows < dataset.rows:
+        raise DataError(f"{dataset.path}: a subset needs between 1 and {dataset.rows - 1:,} rows "
+                        f"(the dataset holds {dataset.rows:,}), got {rows!r}")
+    fraction = Fraction(rows, dataset.rows)
+    generator = np.random.default_rng(seed)
+    if dataset.classes is None:
+        chosen = generator.choice(dataset.rows, size=rows, replace=False)
+    else:
+        chosen = _stratified_draw(class_indices(dataset), fraction, generator)
+    keep = np.zeros(dataset.rows, dtype=bool)
+    keep[chosen] = True
+    how = {"operation": "subset", "from": _location(dataset), "rows": rows, "seed": seed}
+    (taken,) = _write(dataset, [(os.fspath(out), keep, how)])
+    return taken
 
 
 def _location(dataset: Dataset) -> str:

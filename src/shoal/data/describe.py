@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from shoal.data.format import META_FILE, Dataset, open_dataset
+from shoal.data.format import META_FILE, Dataset, column_values, open_dataset
 from shoal.errors import DataError
 
 # Keys of meta.json that say where the rows came from, shown as they are.
@@ -43,7 +43,7 @@ def iter_labels(dataset: Dataset) -> Iterator[np.ndarray]:
                     if table.num_rows != group_rows:
                         raise DataError(f"{dataset.path}/{info.name}: row group {group} holds {table.num_rows} "
                                         f"rows, {META_FILE} says {group_rows}")
-                    yield table.column("label").to_numpy(zero_copy_only=False)
+                    yield column_values(table.column("label"))
         except (OSError, pa.ArrowException, ValueError) as error:
             raise DataError(f"{dataset.path}/{info.name}: cannot read Parquet file: {error}") from None
 

@@ -170,7 +170,7 @@ class Dataset:
             a, b = max(lo, first), min(hi, first + count)
             if a < b:
                 block = self._feature_block(table.column("features"), count)
-                label = table.column("label").to_numpy(zero_copy_only=False)
+                label = column_values(table.column("label"))
                 yield a - start, block[a - first : b - first], label[a - first : b - first]
             first += count
             if first >= hi:
@@ -189,6 +189,22 @@ class Dataset:
 
     def read_all(self) -> tuple[np.ndarray, np.ndarray]:
         return self.read_rows(0, self.rows)
+
+
+def column_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A column as NumPy; numbers without nulls straight from the Arrow buffer.
+
+    pyarrow's `to_numpy` imports pandas whenever pandas is installed, which costs every worker
+    half a second and tens of MB at its first batch; strings, booleans and nulls still go through it.
+    """
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    kind = "i" if pa.types.is_signed_integer(column.type) else "u" if pa.types.is_unsigned_integer(column.type) \
+        else "f" if pa.types.is_floating(column.type) else None
+    if kind is None or column.null_count:
+        return column.to_numpy(zero_copy_only=False)
+    dtype = np.dtype(f"<{kind}{column.type.bit_width // 8}")
+    return np.frombuffer(column.buffers()[1], dtype=dtype, count=len(column), offset=column.offset * dtype.itemsize)
 
 
 def open_dataset(path: str) -> Dataset:

@@ -70,13 +70,27 @@ def metrics(objective: Objective, loss_sum: float, rows: int, labels: np.ndarray
     result = {"loss": loss_sum / rows}
     if objective.num_classes is not None:
         result["accuracy"] = float(np.mean(predictions == labels))
-        from sklearn.metrics import roc_auc_score  # imported here: sklearn takes a second to import
-
         if objective.num_classes == 2 and positive_scores is not None and len(np.unique(labels)) == 2:
-            result["auc"] = float(roc_auc_score(labels, positive_scores))
+            result["auc"] = roc_auc(labels, positive_scores)
     else:
         result["rmse"] = float(np.sqrt(np.mean((predictions - labels) ** 2)))
     return result
+
+
+def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve of class 1 against class 0: the chance that a random positive row
+    scores above a random negative one, ties counting half (the Mann-Whitney U over both counts).
+
+    NumPy rather than scikit-learn: importing sklearn.metrics (and scipy) costs every job's
+    coordinator more than a second of start-up, which short jobs and scaling studies feel.
+    """
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    average_rank = np.cumsum(counts) - (counts - 1) / 2.0  # 1-based; tied scores share their mean rank
+    positive = labels == 1
+    positives = int(np.count_nonzero(positive))
+    negatives = len(labels) - positives
+    rank_sum = float(average_rank[inverse.reshape(-1)][positive].sum())
+    return (rank_sum - positives * (positives + 1) / 2.0) / (positives * negatives)
 
 
 @torch.no_grad()

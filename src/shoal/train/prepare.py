@@ -81,6 +81,9 @@ def check_world_size(job: JobConfig, world_size: int, train_set: Dataset) -> Non
                           "'averaging', 'easgd' and 'downpour'")
     algorithm.check(world_size)
     trainers = len(algorithm.trainer_ranks(world_size))
+    if train_set.rows < trainers:
+        raise ConfigError(f"data.train: {train_set.path} has {train_set.rows:,} rows, fewer than the {trainers} "
+                          "training workers")
     largest = -(-train_set.rows // trainers)
     plan_memory(largest, train_set.features * train_set.feature_dtype.itemsize, job.train.batch_size,
                 job.data.memory_budget)

@@ -79,8 +79,6 @@ def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resu
 
     # Imports that come anyway, made before the memory count so they do not show up as the data's.
     import torch._dynamo  # noqa: F401  (the first optimizer step imports it)
-    if coordinator and prepared.test_set is not None:
-        import sklearn.metrics  # noqa: F401  (evaluation; its import also takes a second, kept out of epoch 1)
 
     memory_before_data = current_rss()
     loader = ShardLoader(

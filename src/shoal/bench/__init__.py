@@ -1,0 +1,1 @@
+"""Scaling studies: training time against dataset size and cluster size, their statistics and plots."""

@@ -1,0 +1,229 @@
+"""Run a scaling study: every (dataset size, worker count, trial) as a fresh job, one CSV row each.
+
+The study folder holds `study.json` (what was studied: the job, its training set's fingerprint
+and the seed), `data/` (the derived datasets), `runs/SIZE/wW-tT/` (each trial's run directory)
+and `trials.csv`, rewritten whole (temporary file, then rename) after every finished trial.
+A rerun of the same command skips the trials in the CSV and redoes an unfinished one from
+scratch, so an interrupted study resumes where it stopped; it may also add sizes, worker counts
+or trials to the grid. Trials run in rounds (every size and worker count once per round, the
+worker counts in a seeded random order) so that a slow drift of the machine spreads over all
+cells instead of biasing the last ones.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from fractions import Fraction
+from pathlib import Path
+
+from shoal.bench.grid import Size, derive_sizes
+from shoal.bench.machine import describe
+from shoal.config import JobConfig
+from shoal.data.format import open_dataset
+from shoal.dist.env import cores, threads_per_worker
+from shoal.errors import ConfigError, ShoalError, WorkerError
+
+TRIALS_FILE = "trials.csv"
+STUDY_FILE = "study.json"
+COLUMNS = [
+    "size", "rows", "workers", "trial", "threads", "cores", "train_seconds", "job_seconds", "load_seconds",
+    "wall_seconds", "compute_seconds", "communication_seconds", "data_seconds", "evaluation_seconds", "epochs",
+    "samples_per_second", "train_loss", "test_loss", "test_accuracy", "test_auc", "run_dir", "finished",
+]
+"""train_seconds: the epochs' training time (sum of epoch_end seconds: no loading, evaluation or
+checkpoints); job_seconds: the job after loading; wall_seconds: the whole trial, process start
+included; the four split columns are the per-epoch means over workers, summed over epochs."""
+NUMBERS = {"rows": int, "workers": int, "trial": int, "threads": int, "cores": int, "epochs": int}
+
+
+@dataclass
+class Grid:
+    sizes: list[Size]
+    workers: list[int]
+    trials: int
+
+
+def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
+              ratios: list[tuple[str, Fraction]] | None = None, workers: list[int], trials: int, seed: int = 0,
+              progress: bool = True) -> list[dict]:
+    """Run every trial of the grid not yet in out/trials.csv; return all rows of the CSV."""
+    from shoal.train.prepare import check_world_size
+
+    if trials < 1:
+        raise ConfigError(f"--trials: must be at least 1, got {trials}")
+    train = open_dataset(job.data.train)
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        _check_same_study(out, job, train.fingerprint(), seed)
+        sizes = derive_sizes(train, out / "data", rows=rows, ratios=ratios, seed=seed)
+        for size in sizes:  # refuse a cell that cannot run before the first trial starts
+            dataset = open_dataset(size.path)
+            for count in workers:
+                try:
+                    check_world_size(job, count, dataset)
+                except ConfigError as error:
+                    raise ConfigError(f"size {size.label} ({size.rows:,} rows) with {count} workers: "
+                                      f"{error}") from None
+    except ShoalError:
+        if created:  # a study that never started leaves no folder behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    available = cores()
+    if max(workers) * threads_per_worker(job.cluster.threads, max(workers)) > available:
+        print(f"shoal: warning: up to {max(workers)} workers on {available} cores: workers share cores, "
+              "so those times include contention", file=sys.stderr)
+    done = read_trials(out)
+    finished = {(row["size"], row["workers"], row["trial"]) for row in done}
+    pending = [(trial, size, count) for trial, size, count in _order(Grid(sizes, workers, trials), seed)
+               if (size.label, count, trial) not in finished]
+    bar = _bar(len(pending), len(finished & _cells(sizes, workers, trials)), progress)
+    try:
+        for trial, size, count in pending:
+            bar.set_postfix_str(f"size {size.label}, {count} workers, trial {trial}")
+            done.append(run_trial(job, out, size, count, trial, available))
+            write_trials(out, done)
+            bar.update()
+    finally:
+        bar.close()
+    return done
+
+
+def run_trial(job: JobConfig, out: Path, size: Size, workers: int, trial: int, available: int) -> dict:
+    """One fresh job; its row for the CSV. A run directory left by an interrupted trial is removed first."""
+    from shoal.api import resolve_job, start
+    from shoal.train.events import read_events
+
+    run_dir = out / "runs" / size.label.replace(":", "-") / f"w{workers}-t{trial}"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    config = resolve_job(job, [f"data.train={json.dumps(size.path)}", f"train.seed={job.train.seed + trial - 1}",
+                               "output.progress='none'"], workers)
+    began = time.perf_counter()
+    try:
+        start(config, run_dir)
+    except WorkerError as error:  # kept for a look; a rerun starts this trial afresh
+        error.args = (f"size {size.label}, {workers} workers, trial {trial} (run directory {run_dir}): {error}",)
+        raise
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted trial leaves nothing to mistake for one
+        raise
+    wall = time.perf_counter() - began
+    events = list(read_events(run_dir))
+    epochs = [event for event in events if event["event"] == "epoch_end"]
+    loaded = next(event for event in events if event["event"] == "data_loaded")
+    end = next(event for event in events if event["event"] == "job_end")
+    split = {part: sum(epoch["seconds_split"][part] for epoch in epochs)
+             for part in ("compute", "communication", "data", "evaluation")}
+    train_seconds = sum(epoch["seconds"] for epoch in epochs)
+    test = end.get("test", {})
+    return {
+        "size": size.label, "rows": size.rows, "workers": workers, "trial": trial,
+        "threads": threads_per_worker(config.cluster.threads, workers), "cores": available,
+        "train_seconds": train_seconds, "job_seconds": end["seconds"], "load_seconds": loaded["seconds"],
+        "wall_seconds": wall, **{f"{part}_seconds": seconds for part, seconds in split.items()},
+        "epochs": len(epochs), "samples_per_second": sum(epoch["samples"] for epoch in epochs) / train_seconds,
+        "train_loss": epochs[-1]["train_loss"], "test_loss": test.get("loss"), "test_accuracy": test.get("accuracy"),
+        "test_auc": test.get("auc"), "run_dir": os.path.relpath(run_dir, out),
+        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def read_trials(out: Path) -> list[dict]:
+    """The rows of out/trials.csv with numbers as numbers (empty cells as None); [] when there is none."""
+    path = out / TRIALS_FILE
+    if not path.exists():
+        return []
+    rows = []
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        missing = set(COLUMNS) - set(reader.fieldnames or [])
+        if missing:
+            raise ConfigError(f"{path}: not a shoal study's trials (no column {sorted(missing)[0]!r})")
+        for line, row in enumerate(reader, start=2):
+            try:
+                rows.append({key: _number(key, value) for key, value in row.items()})
+            except ValueError:
+                raise ConfigError(f"{path}:{line}: not a number where one belongs") from None
+    return rows
+
+
+def write_trials(out: Path, rows: list[dict]) -> None:
+    """All rows to out/trials.csv at once: a crash leaves the previous file, never half of one."""
+    path = out / TRIALS_FILE
+    temporary = path.with_suffix(".csv.tmp")
+    with open(temporary, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: ("" if row.get(key) is None else row[key]) for key in COLUMNS})
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def _number(key: str, value: str):
+    if key in ("size", "run_dir", "finished"):
+        return value
+    if value == "":
+        return None
+    return NUMBERS.get(key, float)(value)
+
+
+def _order(grid: Grid, seed: int) -> list[tuple[int, Size, int]]:
+    """Rounds of trials: every size once per round, its worker counts in a seeded random order."""
+    order = []
+    for trial in range(1, grid.trials + 1):
+        for size in grid.sizes:
+            counts = list(grid.workers)
+            random.Random(f"{seed}-{trial}-{size.label}").shuffle(counts)
+            order += [(trial, size, count) for count in counts]
+    return order
+
+
+def _cells(sizes: list[Size], workers: list[int], trials: int) -> set[tuple[str, int, int]]:
+    return {(size.label, count, trial) for size in sizes for count in workers for trial in range(1, trials + 1)}
+
+
+def _check_same_study(out: Path, job: JobConfig, fingerprint: str, seed: int) -> None:
+    """Record what the folder studies, or refuse to mix another job's trials into it."""
+    train = job.data.train if "://" in job.data.train else os.path.abspath(job.data.train)
+    identity = {"job": _job_identity(job), "train": train, "fingerprint": fingerprint, "seed": seed}
+    path = out / STUDY_FILE
+    if path.exists():
+        try:
+            recorded = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise ConfigError(f"{path}: unreadable ({error}); choose another --out") from None
+        for key in identity:
+            if recorded.get(key) != identity[key]:
+                raise ConfigError(f"{path}: this folder holds a study with another {key} "
+                                  f"({recorded.get(key)!r} there); choose another --out")
+        return
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps({**identity, "machine": describe()}, indent=1))
+    os.replace(temporary, path)
+
+
+def _job_identity(job: JobConfig) -> dict:
+    """The job as it trains, without what the study sets per trial (workers, data.train, output)."""
+    table = job.to_dict()
+    table.pop("output", None)
+    table.get("cluster", {}).pop("workers", None)
+    table.get("data", {}).pop("train", None)
+    return json.loads(json.dumps(table, default=str))
+
+
+def _bar(total: int, initial: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total + initial, initial=initial, unit="trial", desc="scaling study", disable=not enabled,
+                dynamic_ncols=True, file=sys.stderr)
