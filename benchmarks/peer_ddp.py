@@ -26,6 +26,8 @@ import torch.multiprocessing as multiprocessing
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from benchmarks.peer_arguments import load_arrays, peer_parser
+
 ACTIVATIONS = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
 
 
@@ -56,8 +58,7 @@ def train_rank(rank: int, world_size: int, port: int, args: argparse.Namespace) 
                                    timeout=timedelta(seconds=args.timeout))
     data = Path(args.data)
     meta = json.loads((data / "meta.json").read_text())
-    features = np.load(data / "train_features.npy", mmap_mode="r")
-    labels = np.load(data / "train_labels.npy", mmap_mode="r")
+    features, labels = load_arrays(data, "train", mmap=True)
     start, stop = share(len(features), world_size, rank)
     inputs = torch.from_numpy(np.ascontiguousarray(features[start:stop]))
     targets = torch.from_numpy(np.ascontiguousarray(labels[start:stop]))
@@ -93,8 +94,7 @@ def train_rank(rank: int, world_size: int, port: int, args: argparse.Namespace) 
         losses.append(total.item() / steps)
 
     if rank == 0:
-        test_features = torch.from_numpy(np.load(data / "test_features.npy"))
-        test_labels = torch.from_numpy(np.load(data / "test_labels.npy"))
+        test_features, test_labels = (torch.from_numpy(values) for values in load_arrays(data, "test"))
         model.eval()
         with torch.no_grad():
             predicted = torch.cat([model.module(chunk).argmax(1) for chunk in test_features.split(8192)])
@@ -106,18 +106,13 @@ def train_rank(rank: int, world_size: int, port: int, args: argparse.Namespace) 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, help="a folder of arrays written by benchmarks/peers.py")
-    parser.add_argument("--out", required=True, help="the JSON result to write")
+    parser = peer_parser(__doc__)
     parser.add_argument("--workers", type=int, default=2, help="processes, one rank each")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--hidden", type=int, required=True)
     parser.add_argument("--activation", choices=sorted(ACTIVATIONS), required=True)
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--batch-size", type=int, required=True, help="rows per step on each rank")
     parser.add_argument("--lr", type=float, default=0.001, help="Adam's learning rate")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a collective may wait")
     args = parser.parse_args(argv)
     # Children inherit these before they import torch: no rank starts more threads than it is given.

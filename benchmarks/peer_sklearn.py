@@ -8,35 +8,30 @@ BLAS threads are capped with threadpoolctl (`--threads`) and the count it ran wi
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.neural_network import MLPClassifier
 from threadpoolctl import threadpool_info, threadpool_limits
+
+from benchmarks.peer_arguments import load_arrays, peer_parser
 
 ACTIVATIONS = {"relu": "relu", "sigmoid": "logistic", "tanh": "tanh"}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, help="a folder of arrays written by benchmarks/peers.py")
-    parser.add_argument("--out", required=True, help="the JSON result to write")
+    parser = peer_parser(__doc__)
     parser.add_argument("--threads", type=int, default=1, help="BLAS and OpenMP threads")
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--hidden", type=int, required=True)
     parser.add_argument("--activation", choices=sorted(ACTIVATIONS), required=True)
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--lr", type=float, default=0.001, help="Adam's learning rate")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
     data = Path(args.data)
-    features, labels = np.load(data / "train_features.npy"), np.load(data / "train_labels.npy")
+    features, labels = load_arrays(data, "train")
 
     classifier = MLPClassifier(
         hidden_layer_sizes=(args.hidden,), activation=ACTIVATIONS[args.activation], solver="adam", alpha=0.0,
@@ -49,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         began = time.perf_counter()
         classifier.fit(features, labels)
         fit_seconds = time.perf_counter() - began
-        test_features, test_labels = np.load(data / "test_features.npy"), np.load(data / "test_labels.npy")
+        test_features, test_labels = load_arrays(data, "test")
         accuracy = float((classifier.predict(test_features) == test_labels).mean())
 
     result = {"system": "sklearn", "workers": 1, "threads": args.threads, "blas_threads": blas_threads,

@@ -11,7 +11,6 @@ fit seconds / iterations actually run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -23,6 +22,8 @@ from pyspark.ml.classification import MultilayerPerceptronClassifier
 from pyspark.ml.evaluation import MulticlassClassificationEvaluator
 from pyspark.ml.functions import array_to_vector
 from pyspark.sql import DataFrame, SparkSession
+
+from benchmarks.peer_arguments import load_arrays, peer_parser
 
 
 def data_frame(spark: SparkSession, features: np.ndarray, labels: np.ndarray, partitions: int) -> DataFrame:
@@ -48,15 +49,10 @@ def blas_implementation(spark: SparkSession) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, help="a folder of arrays written by benchmarks/peers.py")
-    parser.add_argument("--out", required=True, help="the JSON result to write")
+    parser = peer_parser(__doc__, epochs_help="maxIter: l-bfgs iterations")
     parser.add_argument("--workers", type=int, default=2, help="local[N]: task threads")
-    parser.add_argument("--epochs", type=int, default=5, help="maxIter: l-bfgs iterations")
-    parser.add_argument("--hidden", type=int, required=True)
     parser.add_argument("--solver", choices=["l-bfgs", "gd"], default="l-bfgs")
     parser.add_argument("--block-size", type=int, default=128, help="rows stacked into one matrix (MLlib's default)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--driver-memory", default="8g")
     args = parser.parse_args(argv)
 
@@ -74,8 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     blas = blas_implementation(spark)
 
     began = time.perf_counter()
-    train = data_frame(spark, np.load(data / "train_features.npy"), np.load(data / "train_labels.npy"), args.workers)
-    test = data_frame(spark, np.load(data / "test_features.npy"), np.load(data / "test_labels.npy"), args.workers)
+    train = data_frame(spark, *load_arrays(data, "train"), args.workers)
+    test = data_frame(spark, *load_arrays(data, "test"), args.workers)
     conversion_seconds = time.perf_counter() - began
 
     layers = [meta["features"], args.hidden, meta["classes"]]

@@ -30,6 +30,17 @@ def _panel_per_size(analysis: Analysis) -> tuple[Figure, list]:
     return figure, list(zip(axes, analysis.sizes))
 
 
+def _size_text(size) -> str:
+    return f"{size.label} ({size.rows:,} rows)"
+
+
+def _finish(ax, title: str, ylabel: str) -> None:
+    """Axis label, title, and the legend beside the plot (inside, it would cover the lines)."""
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+
+
 def _worker_axis(ax, workers: list[int]) -> None:
     """Worker counts on a log-2 axis, labelled with the counts themselves."""
     ax.set_xscale("log", base=2)
@@ -50,9 +61,7 @@ def plot_time_by_size(analysis: Analysis) -> Figure:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("dataset rows")
-    ax.set_ylabel(MEASURE_TEXT[analysis.measure])
-    ax.set_title("time against dataset size")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _finish(ax, "time against dataset size", MEASURE_TEXT[analysis.measure])
     return figure
 
 
@@ -63,12 +72,10 @@ def plot_time_by_workers(analysis: Analysis) -> Figure:
         counts = sorted(size.cells)
         ax.errorbar(counts, [size.cells[count].mean for count in counts],
                     yerr=[size.cells[count].deviation or 0.0 for count in counts], marker="o", capsize=3,
-                    label=f"{size.label} ({size.rows:,} rows)")
+                    label=_size_text(size))
     _worker_axis(ax, analysis.workers)
     ax.set_yscale("log")
-    ax.set_ylabel(MEASURE_TEXT[analysis.measure])
-    ax.set_title("time against cluster size")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    _finish(ax, "time against cluster size", MEASURE_TEXT[analysis.measure])
     return figure
 
 
@@ -82,7 +89,7 @@ def plot_boxes(analysis: Analysis) -> Figure:
             if count in size.letters:
                 ax.annotate(size.letters[count], (position, max(size.cells[count].values)), xytext=(0, 4),
                             textcoords="offset points", ha="center", va="bottom")
-        ax.set_title(f"{size.label} ({size.rows:,} rows)", fontsize="medium")
+        ax.set_title(_size_text(size), fontsize="medium")
         ax.set_xlabel("workers")
         ax.set_ylabel(MEASURE_TEXT[analysis.measure])
         ax.margins(y=0.15)
@@ -103,9 +110,7 @@ def plot_speedup(analysis: Analysis) -> Figure:
     _worker_axis(ax, analysis.workers)
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(ScalarFormatter())
-    ax.set_ylabel(f"speedup over {base} worker{'s' if base > 1 else ''}")
-    ax.set_title("speedup against cluster size")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    _finish(ax, "speedup against cluster size", f"speedup over {base} worker{'s' if base > 1 else ''}")
     return figure
 
 
@@ -123,7 +128,7 @@ def plot_split(analysis: Analysis) -> Figure:
         ax.set_xticks(list(positions), [str(count) for count in counts])
         ax.set_xlabel("workers")
         ax.set_ylabel("seconds (mean over workers and trials)")
-        ax.set_title(f"{size.label} ({size.rows:,} rows)", fontsize="medium")
+        ax.set_title(_size_text(size), fontsize="medium")
     handles, labels = panels[0][0].get_legend_handles_labels()
     figure.legend(handles[::-1], labels[::-1], loc="outside right upper")
     return figure

@@ -205,12 +205,23 @@ def _label_kind(source: str, header: list[str], position: int, labels: pa.Array)
         where = f"{source}:{line}" if isinstance(line, int) else source
         raise DataError(f"{where}: the label column {header[position]!r} is empty")
     for kind, arrow_type in (("int", pa.int64()), ("float", pa.float64())):
-        try:
-            pc.cast(pc.replace_substring_regex(labels, r"^\+", ""), arrow_type)
+        if _reads_as(labels, arrow_type):
             return kind
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            continue
     return "string"
+
+
+def _without_plus(labels: pa.Array) -> pa.Array:
+    """'+1' as '1': LIBSVM-style signs, which Arrow's number casts refuse."""
+    return pc.replace_substring_regex(labels, r"^\+", "")
+
+
+def _reads_as(labels: pa.Array, arrow_type: pa.DataType) -> bool:
+    """Whether every label casts to `arrow_type` (Arrow raises at the first one that does not)."""
+    try:
+        pc.cast(_without_plus(labels), arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    return True
 
 
 def _convert_labels(labels: pa.Array, kind: str) -> np.ndarray:
@@ -218,4 +229,4 @@ def _convert_labels(labels: pa.Array, kind: str) -> np.ndarray:
     if kind == "string":
         return labels.to_numpy(zero_copy_only=False).astype(str)
     arrow_type = pa.int64() if kind == "int" else pa.float64()
-    return pc.cast(pc.replace_substring_regex(labels, r"^\+", ""), arrow_type).to_numpy()
+    return pc.cast(_without_plus(labels), arrow_type).to_numpy()
