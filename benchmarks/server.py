@@ -31,7 +31,7 @@ from torch import nn
 
 from benchmarks.common import machine, machine_line, write_result
 from shoal.algorithms.downpour import Downpour, DownpourOptions
-from shoal.dist.collectives import Communicator
+from shoal.cluster.collectives import Communicator
 
 BATCH = 128  # the rows each synthetic update claims to average over; weighs nothing here
 

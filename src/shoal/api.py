@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
+from shoal.cluster import heartbeat
+from shoal.cluster.env import threads_per_worker
+from shoal.cluster.launch import Interrupted, Nodes, launch
 from shoal.config import JobConfig, from_dict, load_job
-from shoal.dist import heartbeat
-from shoal.dist.env import threads_per_worker
-from shoal.dist.launch import Interrupted, Nodes, launch
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
 from shoal.train.artifacts import load_model
 from shoal.train.checkpoint import check_resumable, find_latest

@@ -13,7 +13,7 @@ DESCRIPTION = "shoal: train one neural network across many commodity machines."
 
 def command_train(args: argparse.Namespace) -> int:
     from shoal.api import new_run_dir, resolve_job, result, start
-    from shoal.dist.launch import Interrupted, Nodes
+    from shoal.cluster.launch import Interrupted, Nodes
 
     if args.resume is not None:
         if not (args.resume / "job.toml").exists():
@@ -152,7 +152,7 @@ def command_scaling(args: argparse.Namespace) -> int:
     from shoal.bench.grid import parse_ratios, parse_rows, parse_workers
     from shoal.bench.report import write_report
     from shoal.bench.study import run_study
-    from shoal.dist.launch import Interrupted
+    from shoal.cluster.launch import Interrupted
 
     job = resolve_job(args.job, args.overrides)
     rows = parse_rows(args.sizes) if args.sizes is not None else None

@@ -16,10 +16,10 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from shoal.api import new_run_dir
+from shoal.cluster.collectives import Communicator
+from shoal.cluster.env import choose_device, get_dist_info, init_process_group, threads_per_worker
+from shoal.cluster.heartbeat import HEARTBEAT_SECONDS, end_silent_peer
 from shoal.config import load_job
-from shoal.dist.collectives import Communicator
-from shoal.dist.env import choose_device, get_dist_info, init_process_group, threads_per_worker
-from shoal.dist.heartbeat import HEARTBEAT_SECONDS, end_silent_peer
 from shoal.errors import EXIT_USAGE, ShoalError
 from shoal.process import end_process
 from shoal.train.run import run_worker

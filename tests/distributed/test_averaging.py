@@ -7,9 +7,9 @@ from torch.nn import functional
 
 from shoal.algorithms.averaging import AveragingOptions, ModelAveraging
 from shoal.algorithms.base import model_state
+from shoal.cluster.collectives import Communicator
 from shoal.data.format import open_dataset
 from shoal.data.loader import ShardLoader
-from shoal.dist.collectives import Communicator
 from shoal.train.loop import Trainer
 from shoal.train.objective import Objective
 from tests.distributed.common import CLASSES, rank_batches, small_model, write_dataset

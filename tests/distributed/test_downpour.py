@@ -14,9 +14,9 @@ from torch.nn import functional
 
 from shoal.algorithms import make_algorithm
 from shoal.algorithms.elastic_server import ElasticServer
+from shoal.cluster.collectives import Communicator
 from shoal.data.format import open_dataset
 from shoal.data.loader import ShardLoader
-from shoal.dist.collectives import Communicator
 from shoal.errors import ConfigError
 from shoal.train.loop import Trainer
 from shoal.train.objective import Objective

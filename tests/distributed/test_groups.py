@@ -9,9 +9,9 @@ from shoal.algorithms import make_algorithm
 from shoal.algorithms.averaging import AveragingOptions, ModelAveraging, contiguous_groups
 from shoal.algorithms.base import model_state
 from shoal.algorithms.elastic import ElasticAveraging, ElasticOptions
+from shoal.cluster.collectives import Communicator
 from shoal.data.format import open_dataset
 from shoal.data.loader import ShardLoader
-from shoal.dist.collectives import Communicator
 from shoal.errors import ConfigError
 from shoal.train.loop import Trainer
 from shoal.train.objective import Objective

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shoal.algorithms.base import Algorithm, model_state
-from shoal.dist.collectives import FlatBuffer
+from shoal.cluster.collectives import FlatBuffer
 from shoal.errors import ConfigError
 
 

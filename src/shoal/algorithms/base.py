@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from shoal.dist.collectives import Communicator, FlatBuffer
+from shoal.cluster.collectives import Communicator, FlatBuffer
 
 
 @dataclass

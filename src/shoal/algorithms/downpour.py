@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from shoal.algorithms.server import ServerAlgorithm
-from shoal.dist.collectives import pack_into, unpack_from
-from shoal.dist.messages import Message
+from shoal.cluster.collectives import pack_into, unpack_from
+from shoal.cluster.messages import Message
 from shoal.errors import ConfigError
 
 

@@ -33,7 +33,7 @@ import torch
 
 from shoal.algorithms.averaging import check_group_period, check_groups, check_period, contiguous_groups
 from shoal.algorithms.base import Algorithm
-from shoal.dist.collectives import FlatBuffer
+from shoal.cluster.collectives import FlatBuffer
 from shoal.errors import ConfigError
 
 

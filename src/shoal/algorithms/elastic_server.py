@@ -15,8 +15,8 @@ import torch
 
 from shoal.algorithms.elastic import ElasticOptions
 from shoal.algorithms.server import ServerAlgorithm
-from shoal.dist.collectives import pack_into, unpack_from
-from shoal.dist.messages import Message
+from shoal.cluster.collectives import pack_into, unpack_from
+from shoal.cluster.messages import Message
 from shoal.errors import ConfigError
 
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from shoal.algorithms.averaging import contiguous_groups
 from shoal.algorithms.base import Algorithm
-from shoal.dist import messages
-from shoal.dist.messages import Message
+from shoal.cluster import messages
+from shoal.cluster.messages import Message
 from shoal.errors import ConfigError
 
 

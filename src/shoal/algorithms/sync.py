@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from shoal.algorithms.base import Algorithm
-from shoal.dist.collectives import FlatBuffer
+from shoal.cluster.collectives import FlatBuffer
 
 
 class SynchronousSGD(Algorithm):

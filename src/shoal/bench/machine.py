@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from shoal.dist.env import cores
+from shoal.cluster.env import cores
 
 
 def cpu_model() -> str:

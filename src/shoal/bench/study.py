@@ -26,9 +26,9 @@ from pathlib import Path
 
 from shoal.bench.grid import Size, derive_sizes
 from shoal.bench.machine import describe
+from shoal.cluster.env import cores, threads_per_worker
 from shoal.config import JobConfig
 from shoal.data.format import open_dataset
-from shoal.dist.env import cores, threads_per_worker
 from shoal.errors import ConfigError, ShoalError, WorkerError
 
 TRIALS_FILE = "trials.csv"

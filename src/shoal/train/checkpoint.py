@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shoal.dist.collectives import Communicator
+from shoal.cluster.collectives import Communicator
 from shoal.errors import ConfigError
 
 CHECKPOINTS = "checkpoints"

@@ -14,8 +14,8 @@ from dataclasses import astuple, dataclass
 import torch
 
 from shoal.algorithms.base import Algorithm
+from shoal.cluster.collectives import Communicator
 from shoal.data.loader import ShardLoader
-from shoal.dist.collectives import Communicator
 from shoal.errors import ShoalError
 from shoal.train.objective import Objective
 

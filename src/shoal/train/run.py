@@ -19,12 +19,12 @@ import torch
 
 import shoal
 from shoal.algorithms import make_algorithm
+from shoal.cluster.collectives import Communicator
+from shoal.cluster.env import DistInfo, choose_device
+from shoal.cluster.heartbeat import Heartbeat
 from shoal.config import JobConfig
 from shoal.data.loader import Converter, ShardLoader
 from shoal.data.partition import steps_per_epoch
-from shoal.dist.collectives import Communicator
-from shoal.dist.env import DistInfo, choose_device
-from shoal.dist.heartbeat import Heartbeat
 from shoal.model import build_model
 from shoal.train.artifacts import save_model
 from shoal.train.checkpoint import (

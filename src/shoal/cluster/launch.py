@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +21,8 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from shoal.cluster.heartbeat import HEARTBEAT_SECONDS, fell_silent
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
-from shoal.dist.heartbeat import HEARTBEAT_SECONDS, fell_silent
 
 SHUTDOWN_SECONDS = 5  # after SIGTERM, how long workers get before SIGKILL
 
@@ -75,7 +74,8 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, nodes: 
         arguments.append("--resume")
     quiet = logging.getLogger("torch.distributed.elastic")
     level = quiet.level
-    quiet.setLevel(logging.CRITICAL if not os.environ.get("SHOAL_DEBUG_LAUNCH") else logging.INFO)  # shoal reports failures itself, in one line
+    # shoal reports failures itself, in one line
+    quiet.setLevel(logging.CRITICAL if not os.environ.get("SHOAL_DEBUG_LAUNCH") else logging.INFO)
     try:
         elastic_launch(config, sys.executable)(*arguments)
     except ChildFailedError as error:
