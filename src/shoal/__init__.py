@@ -17,7 +17,7 @@ _EXPORTS = {
     "fit": "shoal.api",
     "resume": "shoal.api",
     "JobConfig": "shoal.config",
-    "load_job": "shoal.config",
+    "load_job": "shoal.jobs",
     "ShoalError": "shoal.errors",
     "load_model": "shoal.train.artifacts",
     "predict": "shoal.train.artifacts",

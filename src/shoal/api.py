@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 import torch
@@ -11,10 +10,12 @@ import torch
 from shoal.cluster import heartbeat
 from shoal.cluster.env import threads_per_worker
 from shoal.cluster.launch import Interrupted, Nodes, launch
-from shoal.config import JobConfig, from_dict, load_job
+from shoal.config import JobConfig, apply_overrides
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
+from shoal.jobs import from_dict, load_job
 from shoal.train.artifacts import load_model
 from shoal.train.checkpoint import check_resumable, find_latest
+from shoal.train.directory import JOB_FILE, new_run_dir, write_job_file
 from shoal.train.events import append_event, read_events
 from shoal.train.prepare import check_world_size, prepare
 
@@ -43,26 +44,8 @@ def resolve_job(job: str | Path | JobConfig | dict, overrides=(), workers: int |
     if isinstance(job, JobConfig):
         job = job.to_dict() | {"name": job.name}
     if isinstance(job, dict):
-        from shoal.config import apply_overrides
-
         return from_dict(apply_overrides(job, overrides), name=job.get("name", "job"))
     return load_job(job, overrides)
-
-
-def new_run_dir(job: JobConfig, run_dir: str | Path | None) -> Path:
-    """The run directory: given, from the job file, or runs/<job>-<date>-<time>; never a used one."""
-    if run_dir is None and job.output.run_dir:
-        run_dir = job.output.run_dir
-    if run_dir is None:
-        base = Path("runs") / f"{job.name}-{datetime.now():%Y%m%d-%H%M%S}"
-        run_dir, number = base, 1
-        while run_dir.exists():
-            number += 1
-            run_dir = base.with_name(f"{base.name}-{number}")
-    run_dir = Path(run_dir)
-    if (run_dir / "events.jsonl").exists():
-        raise ConfigError(f"{run_dir}: already holds a run; choose another --run-dir")
-    return run_dir
 
 
 def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: bool = False,
@@ -80,8 +63,7 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
         check_resumable(run_dir, job, prepared.spec, prepared.train_set.rows, world_size)
     run_dir.mkdir(parents=True, exist_ok=True)
     job.output.run_dir = str(run_dir)
-    job_file = run_dir / "job.toml"
-    job_file.write_text(job.to_toml())
+    job_file = write_job_file(run_dir, job)
     threads = threads_per_worker(job.cluster.threads, job.cluster.workers)
     restarts = 0
     coordinator_here = nodes is None or nodes.count == 1 or nodes.rank == 0  # the node that writes events
@@ -126,9 +108,9 @@ def fit(job: str | Path | JobConfig | dict, *, workers: int | None = None, run_d
 def resume(run_dir: str | Path, *, overrides=(), max_restarts: int = 0) -> FitResult:
     """Continue a stopped run from its newest checkpoint (as `shoal train --resume RUN_DIR`)."""
     run_dir = Path(run_dir)
-    if not (run_dir / "job.toml").exists():
+    if not (run_dir / JOB_FILE).exists():
         raise ConfigError(f"{run_dir}: no job.toml: not a shoal run directory")
-    start(resolve_job(run_dir / "job.toml", overrides), run_dir, resume=True, max_restarts=max_restarts)
+    start(resolve_job(run_dir / JOB_FILE, overrides), run_dir, resume=True, max_restarts=max_restarts)
     return result(run_dir)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from shoal.errors import EXIT_USAGE, ShoalError
@@ -12,8 +13,9 @@ DESCRIPTION = "shoal: train one neural network across many commodity machines."
 
 
 def command_train(args: argparse.Namespace) -> int:
-    from shoal.api import new_run_dir, resolve_job, result, start
+    from shoal.api import resolve_job, result, start
     from shoal.cluster.launch import Interrupted, Nodes
+    from shoal.train.directory import new_run_dir
 
     if args.resume is not None:
         if not (args.resume / "job.toml").exists():
@@ -52,6 +54,21 @@ def command_train(args: argparse.Namespace) -> int:
 def comma_list(text: str) -> list[str]:
     """`a, b,c` -> ['a', 'b', 'c'], for options that take a list."""
     return [item.strip() for item in text.split(",")]
+
+
+class ImportFormats:
+    """`--format`'s choices: the importers' table, read only when argparse checks or shows them.
+
+    Importing the importers loads NumPy and Arrow, which `shoal --help` need not wait for.
+    """
+
+    def __iter__(self) -> Iterator[str]:
+        from shoal.data.importers import FORMATS
+
+        return iter(FORMATS)
+
+    def __contains__(self, name: object) -> bool:
+        return name in tuple(self)
 
 
 def command_import(args: argparse.Namespace) -> int:
@@ -140,6 +157,16 @@ def command_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_algorithms(args: argparse.Namespace) -> int:
+    from shoal.algorithms import catalogue
+
+    rows = [(name + (f" ({variant})" if variant else ""), summary) for name, variant, summary in catalogue()]
+    width = max(len(name) for name, _ in rows)
+    for name, summary in rows:
+        print(f"{name:<{width}}  {summary}")
+    return 0
+
+
 def command_report(args: argparse.Namespace) -> int:
     from shoal.train.report import write_report
 
@@ -202,7 +229,9 @@ def parser() -> argparse.ArgumentParser:
     importer = data.add_parser("import", help="convert a file into a shoal dataset folder")
     importer.add_argument("source", help="the input file")
     importer.add_argument("out", help="the dataset folder to create")
-    importer.add_argument("--format", required=True, choices=["csv", "libsvm", "idx", "npy", "npz", "hdf5", "parquet"])
+    # With a metavar, argparse reads the choices only to check a value or to print help (%(choices)s).
+    importer.add_argument("--format", required=True, choices=ImportFormats(), metavar="FORMAT",
+                          help="the source's format: %(choices)s")
     importer.add_argument("--n-features", type=int, help="feature count (LIBSVM files may not show the last ones)")
     importer.add_argument("--label", help="csv, parquet: the label column, name or 0-based index (default: the last); "
                           "npy, idx: the labels file; hdf5: the labels dataset (default y or label)")
@@ -293,6 +322,9 @@ def parser() -> argparse.ArgumentParser:
                              "wall_seconds"], help="the time the statistics compare (default train_seconds)")
         command.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
         command.set_defaults(handler=command_scaling if command is scaling else command_scaling_report)
+
+    algorithms = commands.add_parser("algorithms", help="the algorithms a job can name (algorithm.name)")
+    algorithms.set_defaults(handler=command_algorithms)
 
     report = commands.add_parser("report", help="write RUN_DIR/report.md with plots of loss, time split, workers")
     report.add_argument("run_dir", help="a run directory")

@@ -17,7 +17,6 @@ import tomllib
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import tomli_w
@@ -76,7 +75,7 @@ class DataConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = "sync"
-    """How workers combine their work: 'sync', 'averaging', 'downpour', 'easgd' or 'none' (see the README)."""
+    """How workers combine their work: a name registered in shoal.algorithms (`shoal algorithms` lists them)."""
     options: dict = field(default_factory=dict)
     """The algorithm's own keys (e.g. period), validated by the algorithm."""
 
@@ -181,7 +180,7 @@ class JobConfig:
 
     def to_dict(self) -> dict:
         """Plain data, with None left out (TOML has no null) and algorithm options flattened."""
-        raw = _drop_none(dataclasses.asdict(self))
+        raw = drop_none(dataclasses.asdict(self))
         algorithm = raw.pop("algorithm")
         raw["algorithm"] = {"name": algorithm["name"], **algorithm.get("options", {})}
         return raw
@@ -212,11 +211,11 @@ def _at_least(key: str, value: Any, minimum: int) -> None:
         raise ConfigError(f"{key}: must be an integer >= {minimum}, got {value!r}")
 
 
-def _drop_none(value: Any) -> Any:
+def drop_none(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+        return {k: drop_none(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_drop_none(v) for v in value]
+        return [drop_none(v) for v in value]
     return value
 
 
@@ -247,25 +246,25 @@ def _type_name(annotation: Any) -> str:
     return str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
 
-def _unknown(key: str, known: typing.Iterable[str]) -> ConfigError:
+def unknown_key(key: str, known: typing.Iterable[str]) -> ConfigError:
     section, _, leaf = key.rpartition(".")
     close = difflib.get_close_matches(leaf, list(known), n=1)
     hint = f" (did you mean '{section + '.' if section else ''}{close[0]}'?)" if close else ""
     return ConfigError(f"{key}: unknown key{hint}")
 
 
-def _build(cls: type, table: dict, prefix: str) -> Any:
+def build_section(cls: type, table: dict, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     values = {}
     for key, value in table.items():
         if key not in names:
-            raise _unknown(f"{prefix}{key}", names)
+            raise unknown_key(f"{prefix}{key}", names)
         annotation = hints[key]
         if dataclasses.is_dataclass(annotation):
             if not isinstance(value, dict):
                 raise ConfigError(f"{prefix}{key}: must be a table")
-            values[key] = _build(annotation, value, f"{prefix}{key}.")
+            values[key] = build_section(annotation, value, f"{prefix}{key}.")
         elif not _matches(value, annotation):
             raise ConfigError(f"{prefix}{key}: expected {_type_name(annotation)}, got {value!r}")
         else:
@@ -277,7 +276,7 @@ def _build(cls: type, table: dict, prefix: str) -> Any:
         raise ConfigError(f"{prefix}{missing}: required section is missing") from None
 
 
-def _section_fields() -> dict[str, type]:
+def section_fields() -> dict[str, type]:
     return {name: kind for name, kind in typing.get_type_hints(JobConfig).items() if dataclasses.is_dataclass(kind)}
 
 
@@ -308,70 +307,3 @@ def apply_overrides(raw: dict, overrides: typing.Iterable[str]) -> dict:
                 raise ConfigError(f"--set {text!r}: '{part}' is not a table")
         table[path[-1]] = value
     return raw
-
-
-def from_dict(raw: dict, name: str = "job") -> JobConfig:
-    """Build and validate a job from plain data (the parsed TOML)."""
-    from shoal.algorithms import REGISTRY, algorithm_class
-
-    raw = dict(raw)
-    algorithm_table = raw.pop("algorithm", {})
-    if not isinstance(algorithm_table, dict):
-        raise ConfigError(f"algorithm: must be a table such as {{ name = \"sync\" }}, got {algorithm_table!r}")
-    algorithm_table = dict(algorithm_table)
-    name = raw.pop("name", name)
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"name: must be a non-empty string, got {name!r}")
-    sections = _section_fields()
-    for key in raw:
-        if key not in sections:
-            raise _unknown(key, [*sections, "algorithm"])
-    for required in ("model", "data"):
-        if required not in raw:
-            raise ConfigError(f"{required}: required section is missing")
-    job = _build(JobConfig, raw, "")
-    algorithm_name = algorithm_table.pop("name", "sync")
-    if not isinstance(algorithm_name, str):
-        raise ConfigError(f"algorithm.name: expected a string, got {algorithm_name!r}")
-    cls = algorithm_class(algorithm_name)
-    # Keys of another algorithm are set aside, so `--set algorithm.name=sync` works on a job written
-    # for averaging; a key no algorithm knows is still an error.
-    own = {f.name for f in dataclasses.fields(cls.Options)}
-    known = {f.name for other in REGISTRY.values() for f in dataclasses.fields(other.Options)}
-    for key in algorithm_table:
-        if key not in known:
-            raise _unknown(f"algorithm.{key}", known | {"name"})
-    options = _build(cls.Options, {k: v for k, v in algorithm_table.items() if k in own}, "algorithm.")
-    job.algorithm = AlgorithmConfig(name=algorithm_name, options=_drop_none(dataclasses.asdict(options)))
-    job.name = name
-    return job
-
-
-def load_job(path: str | Path, overrides: typing.Iterable[str] = ()) -> JobConfig:
-    """Read a TOML job file, apply overrides, validate; errors name the file and key."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: job file not found") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{path}: cannot read job file: {error}") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: invalid TOML: {error}") from None
-    raw = apply_overrides(raw, overrides)
-    try:
-        job = from_dict(raw, name=path.stem)
-    except ConfigError as error:
-        raise ConfigError(f"{path}: {error}") from None
-    _resolve_paths(job, path.parent)
-    return job
-
-
-def _resolve_paths(job: JobConfig, base: Path) -> None:
-    """Dataset paths in a job file are relative to the current directory, else to the file."""
-    for key in ("train", "test"):
-        value = getattr(job.data, key)
-        if value and "://" not in value and not Path(value).is_absolute() and not Path(value).exists():
-            candidate = base / value
-            if candidate.exists():
-                setattr(job.data, key, str(candidate))

@@ -15,14 +15,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-from shoal.api import new_run_dir
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import choose_device, get_dist_info, init_process_group, threads_per_worker
 from shoal.cluster.heartbeat import HEARTBEAT_SECONDS, end_silent_peer
-from shoal.config import load_job
 from shoal.errors import EXIT_USAGE, ShoalError
+from shoal.jobs import load_job
 from shoal.process import end_process
-from shoal.train.run import run_worker
+from shoal.train.directory import new_run_dir, write_job_file
+from shoal.train.runner import run_worker
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -44,8 +44,7 @@ def run(argv: list[str] | None = None) -> dict:
         run_dir = Path(Communicator(info.rank, info.world_size, device=device).broadcast_object(str(run_dir)))
         if info.rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
-            if not (run_dir / "job.toml").exists():
-                (run_dir / "job.toml").write_text(job.to_toml())
+            write_job_file(run_dir, job, replace=False)
         return run_worker(job, info, run_dir, threads, resume=args.resume)
     except RuntimeError as error:
         if "timed out" in str(error).lower():  # a peer stopped answering: report, then do not let it linger

@@ -13,7 +13,7 @@ import torch
 from torch.nn import functional
 
 from shoal.algorithms import make_algorithm
-from shoal.algorithms.elastic_server import ElasticServer
+from shoal.algorithms.elastic_server import AsynchronousElasticAveraging
 from shoal.cluster.collectives import Communicator
 from shoal.data.format import open_dataset
 from shoal.data.loader import ShardLoader
@@ -174,6 +174,6 @@ def test_hierarchical_downpour_with_two_groups_trains_to_the_end(tmp_path):
 
 def test_asynchronous_easgd_refuses_groups():
     algorithm = make_algorithm("easgd", {}, groups=2)
-    assert isinstance(algorithm, ElasticServer)
+    assert isinstance(algorithm, AsynchronousElasticAveraging)
     with pytest.raises(ConfigError, match=r"^cluster\.groups: asynchronous EASGD has no groups"):
         algorithm.check(7)

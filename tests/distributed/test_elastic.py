@@ -12,10 +12,10 @@ from torch.nn import functional
 from shoal.algorithms import make_algorithm
 from shoal.algorithms.elastic import ElasticAveraging, ElasticOptions
 from shoal.cluster.collectives import Communicator
-from shoal.config import from_dict
 from shoal.data.format import open_dataset
 from shoal.data.loader import ShardLoader
 from shoal.errors import ConfigError
+from shoal.jobs import from_dict
 from shoal.train.loop import Trainer
 from shoal.train.objective import Objective
 from tests.distributed.common import CLASSES, FEATURES, parameters, rank_batches, small_model, write_dataset
@@ -236,4 +236,4 @@ def test_synchronous_builds_the_synchronous_variant():
 
 def test_asynchronous_builds_the_server_variant():
     server = pytest.importorskip("shoal.algorithms.elastic_server")
-    assert isinstance(make_algorithm("easgd", {"synchronous": False}), server.ElasticServer)
+    assert isinstance(make_algorithm("easgd", {"synchronous": False}), server.AsynchronousElasticAveraging)

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from shoal.algorithms import make_algorithm
-from shoal.algorithms.averaging import AveragingOptions, ModelAveraging, contiguous_groups
+from shoal.algorithms.averaging import AveragingOptions, ModelAveraging
 from shoal.algorithms.base import model_state
 from shoal.algorithms.elastic import ElasticAveraging, ElasticOptions
+from shoal.algorithms.groups import contiguous_groups
 from shoal.cluster.collectives import Communicator
 from shoal.data.format import open_dataset
 from shoal.data.loader import ShardLoader

@@ -16,12 +16,11 @@ from shoal.config import (
     OutputConfig,
     TrainConfig,
     apply_overrides,
-    from_dict,
-    load_job,
     parse_override,
 )
 from shoal.data.partition import epoch_order
 from shoal.errors import ConfigError, ShoalError
+from shoal.jobs import from_dict, load_job
 
 MINIMAL = """
 [model]

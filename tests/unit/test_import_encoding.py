@@ -12,8 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shoal.data import importers
-from shoal.data.importers import import_dataset
+from shoal.data.importers import common, csv_format, import_dataset
 from tests.unit.test_importers import import_fails, read_back
 
 TRAIN_ROWS = [
@@ -41,7 +40,7 @@ def one_hot(rows, states=("CA", "NY", "TX"), colors=("blue", "green", "red")) ->
 def test_one_hot_round_trip_and_meta(tmp_path, monkeypatch):
     source = tmp_path / "train.csv"
     source.write_text(csv_text(TRAIN_ROWS))
-    monkeypatch.setattr(importers, "CSV_BLOCK_BYTES", 64)  # the category pass sees a few rows at a time
+    monkeypatch.setattr(csv_format, "CSV_BLOCK_BYTES", 64)  # the category pass sees a few rows at a time
     dataset = import_dataset(str(source), str(tmp_path / "train"), "csv", categorical=["state", "2"])
     names = ["age", "state=CA", "state=NY", "state=TX", "color=blue", "color=green", "color=red"]
     assert dataset.feature_names == names and dataset.shape == (7,)
@@ -138,10 +137,10 @@ def test_a_wide_encoding_is_written_a_bounded_slice_at_a_time(tmp_path, monkeypa
     rows = [(str(row), f"id{row:03d}", "x", str(row % 2)) for row in range(300)]
     source = tmp_path / "ids.csv"
     source.write_text(csv_text(rows))
-    monkeypatch.setattr(importers, "CHUNK_BYTES", 50 * 302 * 4)  # 50 rows of 302 float32 features
+    monkeypatch.setattr(common, "CHUNK_BYTES", 50 * 302 * 4)  # 50 rows of 302 float32 features
     sizes: list[int] = []
-    original = importers.ImportWriter.write
-    monkeypatch.setattr(importers.ImportWriter, "write",
+    original = common.ImportWriter.write
+    monkeypatch.setattr(common.ImportWriter, "write",
                         lambda self, features, labels: sizes.append(len(features)) or original(self, features, labels))
     dataset = import_dataset(str(source), str(tmp_path / "out"), "csv", categorical=["state", "color"])
     assert dataset.shape == (302,) and sizes == [50] * 6

@@ -5,8 +5,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 
-from shoal.data import importers
-from shoal.data.importers import import_dataset
+from shoal.data.importers import common, import_dataset
 from tests.unit.test_importers import import_fails, read_back, record_writes
 
 
@@ -18,7 +17,7 @@ def test_default_names_round_trip_in_row_chunks(tmp_path, monkeypatch):
         handle.create_dataset("x", data=x, chunks=(16, 4, 3), compression="gzip")
         handle.create_dataset("y", data=y)
         handle.create_dataset("notes", data=np.zeros(3))
-    monkeypatch.setattr(importers, "CHUNK_BYTES", 50 * 12 * 4)
+    monkeypatch.setattr(common, "CHUNK_BYTES", 50 * 12 * 4)
     sizes = record_writes(monkeypatch)
     dataset = import_dataset(str(tmp_path / "data.h5"), str(tmp_path / "out"), "hdf5")
     assert sizes == [50, 50, 50, 50, 3]

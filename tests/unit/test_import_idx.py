@@ -7,9 +7,8 @@ import gzip
 import numpy as np
 import pytest
 
-from shoal.data import importers
-from shoal.data.import_idx import TYPE_CODES
-from shoal.data.importers import import_dataset
+from shoal.data.importers import common, import_dataset
+from shoal.data.importers.idx import TYPE_CODES
 from tests.unit.test_importers import import_fails, read_back, record_writes
 
 CODES = {dtype.newbyteorder("=").name: code for code, dtype in TYPE_CODES.items()}
@@ -41,7 +40,7 @@ def mnist_like(tmp_path, rows: int = 70, compressed: bool = True):
 @pytest.mark.parametrize("compressed", [True, False])
 def test_mnist_images_round_trip_as_uint8_in_chunks(tmp_path, monkeypatch, compressed):
     images, labels, images_path, labels_path = mnist_like(tmp_path, compressed=compressed)
-    monkeypatch.setattr(importers, "CHUNK_BYTES", 32 * 28 * 28 * 4)  # 32 images a chunk
+    monkeypatch.setattr(common, "CHUNK_BYTES", 32 * 28 * 28 * 4)  # 32 images a chunk
     sizes = record_writes(monkeypatch)
     dataset = import_dataset(str(images_path), str(tmp_path / "out"), "idx", label=str(labels_path))
     assert sizes == [32, 32, 6]

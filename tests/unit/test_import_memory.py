@@ -24,9 +24,10 @@ ROWS = 200_000
 CHILD = """
 import resource, sys
 from shoal.data import importers
-importers.CSV_BLOCK_BYTES = 256 * 1024
-importers.ROW_GROUP_ROWS = 2048
-importers.CHUNK_BYTES = 1024 * 1024
+from shoal.data.importers import common, csv_format
+csv_format.CSV_BLOCK_BYTES = 256 * 1024
+common.ROW_GROUP_ROWS = 2048
+common.CHUNK_BYTES = 1024 * 1024
 importers.import_dataset("tiny.csv", "warm", "csv", categorical=["color"])
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 dataset = importers.import_dataset("big.csv", "out", "csv", categorical=["color"])

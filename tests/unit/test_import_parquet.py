@@ -6,8 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shoal.data import import_parquet, importers
-from shoal.data.importers import import_dataset
+from shoal.data.importers import common, import_dataset, parquet
 from tests.unit.test_importers import import_fails, read_back, record_writes
 
 
@@ -22,7 +21,7 @@ def test_number_columns_round_trip_over_row_groups(tmp_path, monkeypatch):
         "kind": generator.integers(0, 4, size=rows).astype(np.int32),
     })
     pq.write_table(table, tmp_path / "table.parquet", row_group_size=64)
-    monkeypatch.setattr(importers, "CHUNK_BYTES", 40 * 4 * 4)  # 40 rows of four float32 features
+    monkeypatch.setattr(common, "CHUNK_BYTES", 40 * 4 * 4)  # 40 rows of four float32 features
     sizes = record_writes(monkeypatch)
     dataset = import_dataset(str(tmp_path / "table.parquet"), str(tmp_path / "out"), "parquet")
     assert max(sizes) <= 40 and sum(sizes) == rows
@@ -40,7 +39,7 @@ def test_label_by_name_text_labels_and_a_declared_categorical_column(tmp_path, m
         "age": pa.array([1, 2, 3, 4], type=pa.int16()),
     })
     pq.write_table(table, tmp_path / "animals.parquet", row_group_size=3)
-    monkeypatch.setattr(import_parquet, "BATCH_ROWS", 2)  # the category pass sees one batch at a time
+    monkeypatch.setattr(parquet, "BATCH_ROWS", 2)  # the category pass sees one batch at a time
     dataset = import_dataset(str(tmp_path / "animals.parquet"), str(tmp_path / "out"), "parquet", label="species",
                              categorical=["state"])
     assert dataset.feature_names == ["state=CA", "state=NY", "state=TX", "age"]

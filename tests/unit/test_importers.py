@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shoal.data import importers
 from shoal.data.format import DatasetWriter, open_dataset
-from shoal.data.importers import import_dataset
+from shoal.data.importers import common, csv_format, import_dataset, libsvm
 from shoal.errors import DataError
 
 
@@ -94,7 +93,7 @@ def test_libsvm_streams_in_chunks_and_settles_one_label_type(tmp_path, monkeypat
     lines = [f"{row % 3} {row % 7 + 1}:{row}" for row in range(25)] + ["2.5 1:1"]
     source = tmp_path / "many.svm"
     source.write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr(importers, "LIBSVM_CHUNK_LINES", 4)
+    monkeypatch.setattr(libsvm, "LIBSVM_CHUNK_LINES", 4)
     sizes = record_writes(monkeypatch)
     import_dataset(str(source), str(tmp_path / "out"), "libsvm", n_features=7)
     assert max(sizes) <= 4 and sum(sizes) == 26
@@ -200,7 +199,7 @@ def test_csv_streams_blocks_and_settles_one_label_type(tmp_path, monkeypatch):
     ]
     source = tmp_path / "big.csv"
     source.write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr(importers, "CSV_BLOCK_BYTES", 4096)
+    monkeypatch.setattr(csv_format, "CSV_BLOCK_BYTES", 4096)
     sizes = record_writes(monkeypatch)
     import_dataset(str(source), str(tmp_path / "out"), "csv", n_features=3)
     assert len(sizes) > 5 and sum(sizes) == rows
@@ -233,7 +232,7 @@ def test_csv_bad_value_far_into_the_file(tmp_path, monkeypatch):
     lines[2_500] = "oops,1"
     source = tmp_path / "late.csv"
     source.write_text("\n".join(lines) + "\n")
-    monkeypatch.setattr(importers, "CSV_BLOCK_BYTES", 2048)
+    monkeypatch.setattr(csv_format, "CSV_BLOCK_BYTES", 2048)
     import_fails(source, tmp_path / "out", "csv", f"^{source}:2501: column 'a' holds 'oops'")
 
 
@@ -267,7 +266,7 @@ def test_npy_images_stay_uint8_with_their_shape(tmp_path, monkeypatch):
     labels = generator.integers(0, 10, size=300)
     np.save(tmp_path / "x.npy", images)
     np.save(tmp_path / "y.npy", labels.reshape(-1, 1).astype(np.uint8))
-    monkeypatch.setattr(importers, "CHUNK_BYTES", 50 * 28 * 28 * 4)
+    monkeypatch.setattr(common, "CHUNK_BYTES", 50 * 28 * 28 * 4)
     sizes = record_writes(monkeypatch)
     dataset = import_dataset(str(tmp_path / "x.npy"), str(tmp_path / "out"), "npy", label=str(tmp_path / "y.npy"))
     assert sizes == [50] * 6
@@ -296,7 +295,7 @@ def test_npz_round_trip(tmp_path, monkeypatch, save):
     x = generator.standard_normal((257, 3, 5))
     y = np.array(["even", "odd"])[np.arange(257) % 2]
     save(tmp_path / "data.npz", x=x, y=y, extra=np.zeros(3))
-    monkeypatch.setattr(importers, "CHUNK_BYTES", 100 * 15 * 8)
+    monkeypatch.setattr(common, "CHUNK_BYTES", 100 * 15 * 8)
     sizes = record_writes(monkeypatch)
     dataset = import_dataset(str(tmp_path / "data.npz"), str(tmp_path / "out"), "npy", label="ignored")
     assert sizes == [100, 100, 57]
@@ -375,7 +374,7 @@ def test_existing_output_needs_overwrite(tmp_path):
 
 
 def test_row_groups_stay_within_the_byte_budget(tmp_path, monkeypatch):
-    monkeypatch.setattr(importers, "ROW_GROUP_BYTES", 10 * 6 * 4)  # ten rows of six float32
+    monkeypatch.setattr(common, "ROW_GROUP_BYTES", 10 * 6 * 4)  # ten rows of six float32
     np.save(tmp_path / "x.npy", np.ones((35, 6)))
     np.save(tmp_path / "y.npy", np.zeros(35, dtype=np.int64))
     dataset = import_dataset(str(tmp_path / "x.npy"), str(tmp_path / "out"), "npy", label=str(tmp_path / "y.npy"))

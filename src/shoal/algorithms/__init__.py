@@ -1,38 +1,94 @@
-"""Algorithms by name: how workers combine their work."""
+"""Algorithms by name: how workers combine their work.
+
+Adding an algorithm is one module (a subclass of `CollectiveAlgorithm` or `ServerAlgorithm`
+with its `name`, `Options` and docstring) and one line in `ALGORITHMS`; the job file's checks,
+`shoal algorithms`, the README's table (checked by a test) and the config docs read this list.
+Two classes may share a name when an option chooses between them (`variant`): `easgd` is the
+collective variant with `synchronous = true` and the parameter server otherwise.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 
 from shoal.algorithms.averaging import ModelAveraging
-from shoal.algorithms.base import Algorithm, Plain
+from shoal.algorithms.base import Algorithm
+from shoal.algorithms.collective import CollectiveAlgorithm, Plain
 from shoal.algorithms.downpour import Downpour
 from shoal.algorithms.elastic import ElasticAveraging
+from shoal.algorithms.elastic_server import AsynchronousElasticAveraging
+from shoal.algorithms.roles import Role
+from shoal.algorithms.server import ServerAlgorithm
 from shoal.algorithms.sync import SynchronousSGD
 from shoal.errors import ConfigError
 
-REGISTRY: dict[str, type[Algorithm]] = {
-    "none": Plain,
-    "sync": SynchronousSGD,
-    "averaging": ModelAveraging,
-    "downpour": Downpour,
-    "easgd": ElasticAveraging,
-}
+ALGORITHMS: tuple[type[Algorithm], ...] = (
+    SynchronousSGD,
+    ModelAveraging,
+    Downpour,
+    ElasticAveraging,
+    AsynchronousElasticAveraging,
+    Plain,
+)
+
+REGISTRY: dict[str, tuple[type[Algorithm], ...]] = {}
+for _algorithm in ALGORITHMS:
+    REGISTRY[_algorithm.name] = (*REGISTRY.get(_algorithm.name, ()), _algorithm)
 
 
-def algorithm_class(name: str) -> type[Algorithm]:
-    """The class registered under `name`; an unknown name is a config error naming the key."""
+def options_class(name: str) -> type:
+    """The options dataclass of the algorithm `name`; an unknown name is a config error naming the key."""
     if name not in REGISTRY:
         close = difflib.get_close_matches(name, list(REGISTRY), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise ConfigError(f"algorithm.name: unknown algorithm {name!r}{hint}; choose one of {', '.join(REGISTRY)}")
-    return REGISTRY[name]
+    return REGISTRY[name][0].Options
+
+
+def option_names() -> set[str]:
+    """Every option key some algorithm knows."""
+    return {field.name for classes in REGISTRY.values() for field in dataclasses.fields(classes[0].Options)}
+
+
+def algorithm_class(name: str, options=None) -> type[Algorithm]:
+    """The class registered under `name` whose variant matches `options` (default options when None)."""
+    options = options if options is not None else options_class(name)()
+    for cls in REGISTRY[name]:
+        if all(getattr(options, key) == value for key, value in cls.variant.items()):
+            return cls
+    raise ConfigError(f"algorithm: no variant of {name!r} for these options")
 
 
 def make_algorithm(name: str, options: dict, groups: int = 1) -> Algorithm:
     """The algorithm `name` with its options; `groups` is cluster.groups (hierarchical algorithms)."""
-    cls = algorithm_class(name)
-    return cls.build(cls.Options(**options), groups)
+    typed = options_class(name)(**options)
+    return algorithm_class(name, typed)(typed, groups)
 
 
-__all__ = ["Algorithm", "REGISTRY", "algorithm_class", "make_algorithm"]
+def role(algorithm: Algorithm, rank: int, world_size: int) -> Role:
+    """What `rank` does under `algorithm`: every rank trains unless a server takes some."""
+    if isinstance(algorithm, ServerAlgorithm):
+        return algorithm.role(rank, world_size)
+    return Role.TRAINER
+
+
+def trainer_ranks(algorithm: Algorithm, world_size: int) -> list[int]:
+    """The ranks that train."""
+    return [rank for rank in range(world_size) if role(algorithm, rank, world_size) is Role.TRAINER]
+
+
+def catalogue() -> list[tuple[str, str, str]]:
+    """(name, variant, summary) of every registered class, in registry order: `shoal algorithms`."""
+    rows = []
+    for cls in ALGORITHMS:
+        variant = ", ".join(f"{key} = {str(value).lower()}" for key, value in cls.variant.items())
+        family = "parameter server" if issubclass(cls, ServerAlgorithm) else "collective"
+        groups = "; groups" if cls.supports_groups else ""
+        rows.append((cls.name, variant, f"{cls.summary()} ({family}{groups})"))
+    return rows
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "CollectiveAlgorithm", "REGISTRY", "Role", "ServerAlgorithm",
+           "algorithm_class", "catalogue", "make_algorithm", "option_names", "options_class", "role",
+           "trainer_ranks"]

@@ -15,47 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shoal.algorithms.base import Algorithm, model_state
+from shoal.algorithms.base import model_state
+from shoal.algorithms.collective import CollectiveAlgorithm
+from shoal.algorithms.groups import check_group_period, check_groups, check_period, contiguous_groups
 from shoal.cluster.collectives import FlatBuffer
-from shoal.errors import ConfigError
-
-
-def check_period(key: str, period) -> None:
-    """A period is "epoch" or a number of steps >= 1."""
-    steps = isinstance(period, int) and not isinstance(period, bool) and period >= 1
-    if period != "epoch" and not steps:
-        raise ConfigError(f"{key}: must be \"epoch\" or a number of steps >= 1, got {period!r}")
-
-
-def check_group_period(group_period, period) -> None:
-    """`group_period`: unset, or a number of steps >= 1 below a step `period`."""
-    if group_period is None:
-        return
-    if isinstance(group_period, bool) or not isinstance(group_period, int) or group_period < 1:
-        raise ConfigError(f"algorithm.group_period: must be a number of steps >= 1, got {group_period!r}")
-    if period != "epoch" and group_period >= period:
-        raise ConfigError(f"algorithm.group_period: must be smaller than algorithm.period ({period}), or no "
-                          f"round within a group comes between two rounds across groups; got {group_period}")
-
-
-def check_groups(groups: int, group_period, trainers: int) -> None:
-    """Refuse more groups than trainers, and groups without rounds of their own."""
-    if groups > trainers:
-        raise ConfigError(f"cluster.groups: {groups} groups need at least {groups} training workers, got {trainers}")
-    if groups > 1 and group_period is None:
-        raise ConfigError(f"algorithm.group_period: required with cluster.groups = {groups}: "
-                          "the steps between rounds within a group")
-
-
-def contiguous_groups(count: int, groups: int) -> list[list[int]]:
-    """Ranks 0..count-1 in `groups` contiguous groups whose sizes differ by at most one (larger first)."""
-    base, extra = divmod(count, groups)
-    members, start = [], 0
-    for group in range(groups):
-        size = base + (1 if group < extra else 0)
-        members.append(list(range(start, start + size)))
-        start += size
-    return members
 
 
 @dataclass
@@ -71,18 +34,19 @@ class AveragingOptions:
         check_group_period(self.group_period, self.period)
 
 
-class ModelAveraging(Algorithm):
-    """Average parameters (and batch-norm statistics) across workers every period."""
+class ModelAveraging(CollectiveAlgorithm):
+    """Parallel SGD: each worker trains alone; parameters (and batch-norm statistics) averaged every period."""
 
+    name = "averaging"
     Options = AveragingOptions
     supports_groups = True
 
     def check(self, world_size: int) -> None:
+        super().check(world_size)
         check_groups(self.groups, self.options.group_period, world_size)
 
     def setup(self, model, optimizer, comm) -> None:
         super().setup(model, optimizer, comm)
-        self.check(comm.world_size)
         self.state = FlatBuffer(model_state(model))
         self.group_comm = None
         if self.options.group_period is not None:

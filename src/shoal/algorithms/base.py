@@ -1,19 +1,21 @@
-"""The Algorithm interface: hooks around an ordinary training loop.
+"""What every algorithm is: options, one validation entry point, hooks around the loop, state.
 
-The loop calls these hooks and nothing else about distribution, so a new algorithm is a new
-hook object and the loop never changes. A server algorithm (a parameter server on rank 0)
-says so through `trainer_ranks`, and the runner calls `serve_epoch` on the ranks that do not train.
+Two families build on this: collective algorithms (`collective.py`: every rank trains and they
+meet in collectives) and parameter-server algorithms (`server.py`: ranks have roles). The
+training loop calls only the three trainer hooks below, so a new algorithm never changes it.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from shoal.cluster.collectives import Communicator, FlatBuffer
+from shoal.errors import ConfigError
 
 
 @dataclass
@@ -24,9 +26,13 @@ class NoOptions:
 class Algorithm:
     """How workers combine their work. Subclasses override the hooks they need."""
 
-    Options: type = NoOptions
-
-    supports_groups = False  # whether cluster.groups > 1 means something to this algorithm
+    name: ClassVar[str] = ""
+    """The user-facing `algorithm.name` this class is registered under."""
+    variant: ClassVar[dict] = {}
+    """Option values that choose this class among those registered under the same name."""
+    Options: ClassVar[type] = NoOptions
+    supports_groups: ClassVar[bool] = False
+    """Whether cluster.groups > 1 means something to this algorithm."""
 
     def __init__(self, options=None, groups: int = 1):
         self.options = options if options is not None else self.Options()
@@ -36,43 +42,35 @@ class Algorithm:
         self.comm: Communicator | None = None
 
     @classmethod
-    def build(cls, options, groups: int = 1) -> Algorithm:
-        """The algorithm for these options (a class may hand over to a variant of itself)."""
-        return cls(options, groups)
+    def summary(cls) -> str:
+        """The first line of the class docstring: what `shoal algorithms` and the docs show."""
+        return (cls.__doc__ or "").strip().splitlines()[0].rstrip(".")
+
+    def title(self) -> str:
+        """How messages name this algorithm."""
+        return f"'{self.name}'"
 
     def check(self, world_size: int) -> None:
-        """Raise ConfigError for settings that do not fit `world_size` processes."""
-
-    def trainer_ranks(self, world_size: int) -> list[int]:
-        """The ranks that train (all of them unless a server takes some)."""
-        return list(range(world_size))
+        """Raise ConfigError for settings that do not fit `world_size` processes (called once, before setup)."""
+        if self.groups > 1 and not self.supports_groups:
+            raise ConfigError(f"cluster.groups: {self.title()} has no groups; set cluster.groups = 1, or choose "
+                              "an algorithm with groups (`shoal algorithms` lists them)")
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, comm: Communicator) -> None:
         """Bind to the model, optimizer and communicator; start every rank from rank 0's weights."""
         self.model, self.optimizer, self.comm = model, optimizer, comm
-        state = model_state(model)
-        flat = FlatBuffer(state)
+        flat = FlatBuffer(model_state(model))
         comm.broadcast_(flat.pack(), source=0)
         flat.unpack_()
 
-    def plan(self, steps_per_epoch: int) -> None:
-        """Told before training how many steps every trainer runs per epoch."""
-
     def after_backward(self, rows: int) -> None:
-        """Called after loss.backward() on a batch of `rows` rows."""
-
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Apply the update; by default the local optimizer's step."""
-        optimizer.step()
+        """Called after loss.backward() on a batch of `rows` rows, before the optimizer's step."""
 
     def after_step(self, step: int) -> None:
         """Called after the update of global step `step` (counted from 1 across epochs)."""
 
     def end_epoch(self, epoch: int) -> None:
-        """Called when every worker has finished epoch `epoch` (from 0)."""
-
-    def serve_epoch(self, epoch: int) -> None:
-        """Serve the trainers through epoch `epoch` (only on ranks outside trainer_ranks)."""
+        """Called on a trainer when it has finished epoch `epoch` (from 0)."""
 
     def consensus(self) -> contextlib.AbstractContextManager[nn.Module]:
         """The model to evaluate and save: by default this rank's replica as it stands."""
@@ -95,7 +93,3 @@ def model_state(model: nn.Module) -> list[torch.Tensor]:
     tensors = [p.data for p in model.parameters()]
     tensors += [b for b in model.buffers() if b.is_floating_point()]
     return tensors
-
-
-class Plain(Algorithm):
-    """No communication: one worker training alone."""

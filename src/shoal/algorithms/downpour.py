@@ -36,8 +36,9 @@ class DownpourOptions:
 
 
 class Downpour(ServerAlgorithm):
-    """Trainers send gradients; the server steps its optimizer and sends weights back."""
+    """Downpour SGD: trainers send gradients to a parameter server, which steps and sends weights back."""
 
+    name = "downpour"
     Options = DownpourOptions
     supports_groups = True
 
@@ -46,22 +47,21 @@ class Downpour(ServerAlgorithm):
         self.every = self.options.sync_every
         self.synchronous = self.options.synchronous
 
-    def setup(self, model, optimizer, comm) -> None:
-        super().setup(model, optimizer, comm)
+    def setup(self, model, optimizer, comm, on_update=None) -> None:
+        super().setup(model, optimizer, comm, on_update)
         self.gradient_sum = torch.zeros(sum(p.numel() for p in self.parameters), dtype=self.update.buffer.dtype)
         self.rows = 0
 
     def after_backward(self, rows: int) -> None:
+        """Take the gradients over: the server steps with them, so the local optimizer finds none."""
         offset = 0
         for parameter in self.parameters:
             size = parameter.numel()
             if parameter.grad is not None:
                 self.gradient_sum[offset : offset + size].add_(parameter.grad.reshape(-1), alpha=rows)
+                parameter.grad = None
             offset += size
         self.rows += rows
-
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Trainers do not step: the server does, with the gradients they send."""
 
     def fill_update(self, message: Message) -> None:
         count = len(self.gradient_sum)

@@ -7,7 +7,7 @@ x_i - d_i, and the centre moves by the sum of the d_i (one all-reduce of a flat 
 the workers may explore away from the centre but are pulled back in proportion to the
 distance. With `momentum` m the centre keeps a velocity, v <- m*v + sum_i d_i, x~ <- x~ + v
 (mpi_learn's elastic momentum). `synchronous = false` builds the asynchronous variant with a
-parameter server instead (`ElasticServer`).
+parameter server instead (`AsynchronousElasticAveraging` in `elastic_server.py`).
 
 Which model is evaluated and saved: the centre, EASGD's consensus (`consensus()` lends it to
 the model for the evaluation and the save, then gives the replica its own weights back), as
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from shoal.algorithms.averaging import check_group_period, check_groups, check_period, contiguous_groups
-from shoal.algorithms.base import Algorithm
+from shoal.algorithms.collective import CollectiveAlgorithm
+from shoal.algorithms.groups import check_group_period, check_groups, check_period, contiguous_groups
 from shoal.cluster.collectives import FlatBuffer
 from shoal.errors import ConfigError
 
@@ -48,7 +48,8 @@ class ElasticOptions:
     momentum: float = 0.0
     """Momentum of the centre's update (0: none)."""
     synchronous: bool = False
-    """true: all workers meet every round (this module); false: the asynchronous parameter server."""
+    """true: all workers meet every round (this module); false: the asynchronous parameter server
+    (`elastic_server.py`)."""
     group_period: int | None = None
     """Steps between elastic rounds within each group (required with cluster.groups > 1)."""
 
@@ -67,25 +68,20 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-class ElasticAveraging(Algorithm):
-    """Synchronous EASGD: elastic rounds of all workers (or of each group) against a shared centre."""
+class ElasticAveraging(CollectiveAlgorithm):
+    """Elastic Averaging SGD, synchronous: every worker's replica tied to a shared centre by a spring."""
 
+    name = "easgd"
+    variant = {"synchronous": True}
     Options = ElasticOptions
     supports_groups = True
-
-    @classmethod
-    def build(cls, options: ElasticOptions, groups: int = 1) -> Algorithm:
-        if not options.synchronous:
-            from shoal.algorithms.elastic_server import ElasticServer  # imported only when asked for
-
-            return ElasticServer(options, groups)
-        return cls(options, groups)
 
     @property
     def hierarchical(self) -> bool:
         return self.options.group_period is not None
 
     def check(self, world_size: int) -> None:
+        super().check(world_size)
         check_groups(self.groups, self.options.group_period, world_size)
         # A round moves the gap between the workers' mean and the centre by a factor 1 - (N+1)*alpha.
         workers = max(len(g) for g in contiguous_groups(world_size, self.groups)) if self.hierarchical else world_size
@@ -97,7 +93,6 @@ class ElasticAveraging(Algorithm):
 
     def setup(self, model, optimizer, comm) -> None:
         super().setup(model, optimizer, comm)
-        self.check(comm.world_size)
         self.weights = FlatBuffer([p.data for p in model.parameters()])
         self.centre = self.weights.pack().clone()  # every rank starts from rank 0's weights
         self.difference = torch.zeros_like(self.centre)

@@ -20,15 +20,20 @@ from shoal.cluster.messages import Message
 from shoal.errors import ConfigError
 
 
-class ElasticServer(ServerAlgorithm):
-    """Trainers send their weights; the server answers with the elastic difference."""
+class AsynchronousElasticAveraging(ServerAlgorithm):
+    """Elastic Averaging SGD, asynchronous: trainers send weights, a server answers with the elastic pull."""
 
+    name = "easgd"
+    variant = {"synchronous": False}
     Options = ElasticOptions
     supports_groups = False
 
     def __init__(self, options=None, groups: int = 1):
         super().__init__(options, groups)
         self.every = self.options.period if self.options.period != "epoch" else 0
+
+    def title(self) -> str:
+        return "asynchronous EASGD"
 
     def check(self, world_size: int) -> None:
         if self.groups > 1:
@@ -41,8 +46,8 @@ class ElasticServer(ServerAlgorithm):
             self.every = steps_per_epoch  # one exchange at each epoch's end
         super().plan(steps_per_epoch)
 
-    def setup(self, model, optimizer, comm) -> None:
-        super().setup(model, optimizer, comm)
+    def setup(self, model, optimizer, comm, on_update=None) -> None:
+        super().setup(model, optimizer, comm, on_update)
         self.velocity = torch.zeros(len(self.reply.payload), dtype=self.reply.buffer.dtype)
 
     def fill_update(self, message: Message) -> None:

@@ -20,8 +20,9 @@ import math
 import statistics
 from collections.abc import Callable
 
-from shoal.algorithms.averaging import contiguous_groups
 from shoal.algorithms.base import Algorithm
+from shoal.algorithms.groups import contiguous_groups
+from shoal.algorithms.roles import Role
 from shoal.cluster import messages
 from shoal.cluster.messages import Message
 from shoal.errors import ConfigError
@@ -39,7 +40,7 @@ class ServerAlgorithm(Algorithm, abc.ABC):
         self.since = 0  # a trainer's steps since its last exchange
         self.rounds_per_epoch = 0
         self.staleness: list[int] = []
-        self.on_update: Callable[[int], None] | None = None  # the coordinator's validation, given the version
+        self.on_update: Callable[[int], None] | None = None
 
     # ------------------------------------------------------------------ layout
 
@@ -51,6 +52,7 @@ class ServerAlgorithm(Algorithm, abc.ABC):
         return list(range(1 + self.relays(), world_size))
 
     def check(self, world_size: int) -> None:
+        super().check(world_size)
         trainers = world_size - 1 - self.relays()
         if trainers < max(1, self.groups):
             need = 1 + self.relays() + max(1, self.groups)
@@ -63,28 +65,38 @@ class ServerAlgorithm(Algorithm, abc.ABC):
         trainers = self.trainer_ranks(world_size)
         return [[trainers[i] for i in group] for group in contiguous_groups(len(trainers), max(1, self.groups))]
 
-    def role(self, rank: int, world_size: int) -> tuple[str, int | None, list[int]]:
-        """(role, the rank it sends updates to, the ranks it serves)."""
+    def role(self, rank: int, world_size: int) -> Role:
+        """What `rank` does: rank 0 serves, the next `relays()` ranks relay, the rest train."""
+        if rank == 0:
+            return Role.SERVER
+        return Role.RELAY if rank <= self.relays() else Role.TRAINER
+
+    def links(self, rank: int, world_size: int) -> tuple[int | None, list[int]]:
+        """(the rank `rank` sends its updates to, the ranks it serves)."""
         groups = self.group_members(world_size)
         if rank == 0:
-            return "server", None, (list(range(1, 1 + self.relays())) if self.relays() else groups[0])
+            return None, (list(range(1, 1 + self.relays())) if self.relays() else groups[0])
         if rank <= self.relays():
-            return "relay", 0, groups[rank - 1]
+            return 0, groups[rank - 1]
         group = next(i for i, members in enumerate(groups) if rank in members)
-        return "trainer", (1 + group if self.relays() else 0), []
+        return (1 + group if self.relays() else 0), []
 
     # ------------------------------------------------------------------ set-up
 
-    def setup(self, model, optimizer, comm) -> None:
+    def setup(self, model, optimizer, comm, on_update: Callable[[int], None] | None = None) -> None:
+        """As Algorithm.setup; `on_update(version)` is called on the server after every update it applies."""
         super().setup(model, optimizer, comm)
+        self.on_update = on_update
         self.parameters = [p for p in model.parameters()]
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
-        self.kind, self.upstream, self.clients = self.role(comm.rank, comm.world_size)
+        self.kind = self.role(comm.rank, comm.world_size)
+        self.upstream, self.clients = self.links(comm.rank, comm.world_size)
         dtype = self.parameters[0].dtype
         self.update = Message(sum(p.numel() for p in self.parameters + self.buffers), dtype)
         self.reply = Message(sum(p.numel() for p in self.parameters), dtype)
 
     def plan(self, steps_per_epoch: int) -> None:
+        """Told before training how many steps every trainer runs per epoch."""
         self.rounds_per_epoch = math.ceil(steps_per_epoch / self.every)
 
     # ------------------------------------------------------------------ trainer side
@@ -95,7 +107,7 @@ class ServerAlgorithm(Algorithm, abc.ABC):
             self.exchange_()
 
     def end_epoch(self, epoch: int) -> None:
-        if self.kind == "trainer" and self.since:
+        if self.kind is Role.TRAINER and self.since:
             self.exchange_()
 
     def exchange_(self) -> None:
@@ -111,7 +123,8 @@ class ServerAlgorithm(Algorithm, abc.ABC):
     # ------------------------------------------------------------------ server side
 
     def serve_epoch(self, epoch: int) -> None:
-        if self.kind == "relay":
+        """Serve the trainers through epoch `epoch` (on the server and relays)."""
+        if self.kind is Role.RELAY:
             for _ in range(self.rounds_per_epoch):
                 self.relay_round()
             return
@@ -163,7 +176,7 @@ class ServerAlgorithm(Algorithm, abc.ABC):
             self.comm.send(self.reply.buffer, source, messages.REPLY)
 
     def epoch_report(self) -> dict:
-        if self.kind != "server":
+        if self.kind is not Role.SERVER:
             return {}
         values, self.staleness = self.staleness, []
         if not values:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from shoal.algorithms.base import Algorithm
+from shoal.algorithms.collective import CollectiveAlgorithm
 from shoal.cluster.collectives import FlatBuffer
 
 
-class SynchronousSGD(Algorithm):
-    """All-reduce of gradients every step; identical replicas throughout."""
+class SynchronousSGD(CollectiveAlgorithm):
+    """Synchronous SGD: gradients averaged over all workers after every backward pass."""
+
+    name = "sync"
 
     def setup(self, model, optimizer, comm) -> None:
         super().setup(model, optimizer, comm)

@@ -170,5 +170,15 @@ def check_resumable(run_dir: Path, job, spec: dict, train_rows: int, world_size:
         return
 
 
+def coordinator_state(test: dict, fingerprint: dict) -> dict:
+    """What the coordinator adds to a checkpoint: the latest test metrics and the job's fingerprint."""
+    return {"test": test, "fingerprint": fingerprint}
+
+
+def latest_test(found: Found) -> dict:
+    """The test metrics recorded with a checkpoint ({} when none)."""
+    return found.coordinator.get("test", {})
+
+
 def load_rank(path: Path, rank: int) -> dict:
     return torch.load(Path(path) / rank_file(rank), map_location="cpu", weights_only=True)

@@ -45,18 +45,19 @@ class EpochStats:
 
 
 class Trainer:
-    """Runs epochs of one worker's share through the model."""
+    """Runs epochs of one worker's share through the model; owns its counters (step, epoch)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, objective: Objective,
                  algorithm: Algorithm, loader: ShardLoader, comm: Communicator, *, on_step=None):
         self.model, self.optimizer, self.objective = model, optimizer, objective
         self.algorithm, self.loader, self.comm = algorithm, loader, comm
         self.on_step = on_step  # called with the step's loss (the progress bar)
-        self.global_step = 0
-        self.epoch = 0  # the epoch in progress, from 0
+        self.global_step = 0  # steps taken, across epochs
+        self.epoch = 0  # the epoch in progress (or last run), from 0
         self.synchronize = (lambda: torch.cuda.synchronize()) if loader.device.type == "cuda" else (lambda: None)
 
     def train_epoch(self, epoch: int) -> EpochStats:
+        self.epoch = epoch
         stats = EpochStats()
         self.model.train()
         began = time.perf_counter()
@@ -72,7 +73,7 @@ class Trainer:
             loss.backward()
             rows = len(inputs)
             self.algorithm.after_backward(rows)
-            self.algorithm.step(self.optimizer)
+            self.optimizer.step()  # a no-op where the algorithm took the gradients over (Downpour)
             self.global_step += 1
             self.algorithm.after_step(self.global_step)
             value = loss.item()  # also waits for the device, so the timing below is honest

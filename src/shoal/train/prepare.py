@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shoal.algorithms import make_algorithm
+from shoal.algorithms import Algorithm, make_algorithm, trainer_ranks
 from shoal.config import JobConfig
 from shoal.data.format import Dataset, open_dataset
 from shoal.data.loader import plan_memory
@@ -70,17 +70,12 @@ def model_spec(job: JobConfig, train_set: Dataset) -> dict:
     return {"input": input_shape, "layers": job.model.layers}
 
 
-def check_world_size(job: JobConfig, world_size: int, train_set: Dataset) -> None:
-    """Settings that make no sense for this many workers."""
-    if job.algorithm.name == "none" and world_size > 1:
-        raise ConfigError(f"algorithm.name: 'none' trains without communication; with {world_size} workers "
-                          "all but one would train for nothing: use 'sync' or 'averaging'")
-    algorithm = make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups)
-    if job.cluster.groups > 1 and not algorithm.supports_groups:
-        raise ConfigError(f"cluster.groups: '{job.algorithm.name}' has no groups; hierarchical groups work with "
-                          "'averaging', 'easgd' and 'downpour'")
+def check_world_size(job: JobConfig, world_size: int, train_set: Dataset, algorithm: Algorithm | None = None) -> None:
+    """Settings that make no sense for this many workers; `algorithm` is checked here, once."""
+    if algorithm is None:
+        algorithm = make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups)
     algorithm.check(world_size)
-    trainers = len(algorithm.trainer_ranks(world_size))
+    trainers = len(trainer_ranks(algorithm, world_size))
     if train_set.rows < trainers:
         raise ConfigError(f"data.train: {train_set.path} has {train_set.rows:,} rows, fewer than the {trainers} "
                           "training workers")

@@ -16,80 +16,88 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from shoal.data import importers
-from shoal.data.encoding import CategoryCollector, Encoding, Locate, resolve_columns
+from shoal.data.encoding import CategoryCollector, Encoding, Locate
+from shoal.data.importers.common import (
+    ImportRequest,
+    TableColumns,
+    import_writer,
+    offset_locator,
+    row_locator,
+    rows_per_chunk,
+    source_meta,
+    table_columns,
+)
 from shoal.errors import DataError
 
 BATCH_ROWS = 65_536  # rows per batch of the first pass, which reads only label and categories
 
 
-def import_parquet(
-    source: str,
-    out: str,
-    n_features: int | None,
-    label: str | None,
-    categorical: list[str],
-    encoding: Encoding | None,
-    writer_options: dict[str, Any],
-) -> None:
+def import_file(request: ImportRequest) -> None:
+    source = request.source
     parquet = _open(source)
     schema = parquet.schema_arrow
     names = schema.names
     for position, name in enumerate(names):
         if name in names[:position]:
             raise DataError(f"{source}: column name {name!r} appears twice")
-    if label is None and encoding is not None and encoding.label in names:
-        label = encoding.label
-    label_position = importers.label_column(source, names, label)
-    label_name = names[label_position]
-    feature_names = [name for position, name in enumerate(names) if position != label_position]
-    if not feature_names:
-        raise DataError(f"{source}: no feature columns besides the label column {label_name!r}")
-    if encoding is not None:
-        encoding.check_columns(source, feature_names)
-        categorical = list(encoding.categories)
-    else:
-        categorical = resolve_columns(source, names, categorical, label_position)
-    for name in feature_names:
-        _check_feature_type(source, name, schema.field(name).type, name in categorical)
-    label_target = _label_dtype(source, label_name, schema.field(label_name).type)
+    columns = table_columns(request, names)
+    for name in columns.features:
+        _check_feature_type(source, name, schema.field(name).type, name in columns.categorical)
+    label_target = _label_dtype(source, columns.label, schema.field(columns.label).type)
     if parquet.metadata.num_rows == 0:
         raise DataError(f"{source}: holds no rows: the source is empty")
-    locate = importers.row_locator(source)
+    locate = row_locator(source)
+    encoding = _first_pass(request, parquet, columns, locate)
+    if request.n_features is not None and request.n_features != encoding.width:
+        raise DataError(f"{source}: encodes to {encoding.width} features, but n_features={request.n_features}")
+    _second_pass(request, parquet, columns, encoding, label_target, locate)
 
-    # First pass: null labels, and the categories (or, with a reference encoding, unknown ones).
+
+def _first_pass(request: ImportRequest, parquet: pq.ParquetFile, columns: TableColumns, locate: Locate) -> Encoding:
+    """Null labels, and the categories (or, with a reference encoding, unknown ones): the encoding to write."""
+    source, encoding, categorical = request.source, request.encoding, columns.categorical
     collector = CategoryCollector(source, categorical)
     rows = 0
-    for batch in _batches(source, parquet, [label_name, *categorical], BATCH_ROWS):
-        _check_filled(label_name, batch.column(label_name), locate, rows)
+    for batch in _batches(source, parquet, [columns.label, *categorical], BATCH_ROWS):
+        _check_filled(columns.label, batch.column(columns.label), locate, rows)
         for name in categorical:
-            at = importers.offset_locator(locate, rows)
+            at = offset_locator(locate, rows)
             if encoding is None:
                 collector.add(name, batch.column(name), at)
             else:
                 encoding.check_known(name, batch.column(name), at)
         rows += batch.num_rows
     if encoding is None:
-        encoding = Encoding(label_name, tuple(feature_names), collector.categories())
-    if n_features is not None and n_features != encoding.width:
-        raise DataError(f"{source}: encodes to {encoding.width} features, but n_features={n_features}")
+        encoding = Encoding(columns.label, tuple(columns.features), collector.categories())
+    return encoding
 
-    meta = importers.source_meta("parquet", source, label=label_name) | {"encoding": encoding.to_meta()}
-    batch_rows = max(1, min(BATCH_ROWS, importers.CHUNK_BYTES // (4 * encoding.width)))
-    with importers.import_writer(out, (encoding.width,), np.float32, writer_options, locate=locate,
-                                 feature_names=encoding.feature_names, extra_meta=meta) as writer:
+
+def _second_pass(
+    request: ImportRequest,
+    parquet: pq.ParquetFile,
+    columns: TableColumns,
+    encoding: Encoding,
+    label_target: np.dtype,
+    locate: Locate,
+) -> None:
+    """Encode the features and hand them, with the labels, to the writer a batch at a time."""
+    source, feature_names = request.source, columns.features
+    meta = source_meta("parquet", source, label=columns.label) | {"encoding": encoding.to_meta()}
+    batch_rows = min(BATCH_ROWS, rows_per_chunk((encoding.width,), np.dtype(np.float32)))
+    with import_writer(request.out, (encoding.width,), np.float32, request.writer_options, locate=locate,
+                       feature_names=encoding.feature_names, extra_meta=meta) as writer:
         rows = 0
-        for batch in _batches(source, parquet, [*feature_names, label_name], batch_rows):
-            columns = []
+        for batch in _batches(source, parquet, [*feature_names, columns.label], batch_rows):
+            arrays = []
             for name in feature_names:
                 values = batch.column(name)
-                if name not in categorical:
+                if name not in columns.categorical:
                     _check_filled(name, values, locate, rows)
                     values = pc.cast(values, pa.float32(), safe=False)
-                columns.append(values)
-            table = pa.RecordBatch.from_arrays(columns, feature_names)
-            features = encoding.encode(table, importers.offset_locator(locate, rows))
-            writer.write(features, _labels(batch.column(label_name), label_target))
+                arrays.append(values)
+            table = pa.RecordBatch.from_arrays(arrays, feature_names)
+            features = encoding.encode(table, offset_locator(locate, rows))
+            writer.write(features, _labels(batch.column(columns.label), label_target))
             rows += batch.num_rows
 
 

@@ -12,54 +12,56 @@ from __future__ import annotations
 import csv
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
-from shoal.data import importers
-from shoal.data.encoding import CategoryCollector, Encoding, Locate, resolve_columns
-from shoal.data.importers import label_column, offset_locator
+from shoal.data.encoding import CategoryCollector, Encoding, Locate
+from shoal.data.importers.common import (
+    ImportRequest,
+    TableColumns,
+    import_writer,
+    offset_locator,
+    rows_per_chunk,
+    source_meta,
+    table_columns,
+)
 from shoal.errors import DataError
 
+CSV_BLOCK_BYTES = 4 * 1024 * 1024  # the text Arrow parses at a time
 _CONVERSION_ERROR = re.compile(r"In CSV column #(\d+): CSV conversion error to \w+: invalid value '(.*)'", re.DOTALL)
 
 
-def import_csv(
-    source: str,
-    out: str,
-    n_features: int | None,
-    label: str | None,
-    categorical: list[str],
-    encoding: Encoding | None,
-    writer_options: dict[str, Any],
-) -> None:
+def import_file(request: ImportRequest) -> None:
+    source, n_features = request.source, request.n_features
     header = _csv_header(source)
-    if label is None and encoding is not None and encoding.label in header:
-        label = encoding.label
-    label_position = label_column(source, header, label)
-    label_name = header[label_position]
-    feature_names = [name for position, name in enumerate(header) if position != label_position]
-    if not feature_names:
-        raise DataError(f"{source}: no feature columns besides the label column {label_name!r}")
-    if encoding is not None:
-        encoding.check_columns(source, feature_names)
-        categorical = list(encoding.categories)
-    else:
-        categorical = resolve_columns(source, header, categorical, label_position)
-    if n_features is not None and not categorical and n_features != len(feature_names):
-        raise DataError(f"{source}: has {len(feature_names)} feature columns, but n_features={n_features}")
+    columns = table_columns(request, header)
+    if n_features is not None and not columns.categorical and n_features != len(columns.features):
+        raise DataError(f"{source}: has {len(columns.features)} feature columns, but n_features={n_features}")
     locate = _csv_locator(source, header)
-    # First pass, over the label and categorical columns only, read as text: Arrow infers a
-    # column's type from its first block, so one label type for the whole file is settled here,
-    # and so are the categories, without loading the file.
+    label_kind, encoding = _first_pass(request, header, columns, locate)
+    if n_features is not None and n_features != encoding.width:
+        raise DataError(f"{source}: encodes to {encoding.width} features (categories one-hot), "
+                        f"but n_features={n_features}")
+    _second_pass(request, header, columns, encoding, label_kind, locate)
+
+
+def _first_pass(
+    request: ImportRequest, header: list[str], columns: TableColumns, locate: Locate
+) -> tuple[str, Encoding]:
+    """The label type and the encoding, from the label and categorical columns only, read as text.
+
+    Arrow infers a column's type from its first block, so one label type for the whole file is
+    settled here, and so are the categories, without loading the file.
+    """
+    source, encoding, categorical = request.source, request.encoding, columns.categorical
     label_kind, rows = "int", 0
     collector = CategoryCollector(source, categorical)
-    first_pass = [label_name, *categorical]
+    first_pass = [columns.label, *categorical]
     for batch in _csv_batches(source, header, dict.fromkeys(first_pass, pa.string()), first_pass):
-        label_kind = _wider_kind(label_kind, _label_kind(source, header, label_position, batch.column(0)))
+        label_kind = _wider_kind(label_kind, _label_kind(source, header, columns.label_position, batch.column(0)))
         for name in categorical:
             at = offset_locator(locate, rows)
             if encoding is None:
@@ -70,24 +72,30 @@ def import_csv(
     if rows == 0:
         raise DataError(f"{source}: no data rows after the header: the source is empty")
     if encoding is None:
-        encoding = Encoding(label_name, tuple(feature_names), collector.categories())
-    if n_features is not None and n_features != encoding.width:
-        raise DataError(f"{source}: encodes to {encoding.width} features (categories one-hot), "
-                        f"but n_features={n_features}")
-    column_types = (dict.fromkeys(feature_names, pa.float32()) | dict.fromkeys(categorical, pa.string())
-                    | {label_name: pa.string()})
-    meta = importers.source_meta("csv", source, label=label_name) | {"encoding": encoding.to_meta()}
+        encoding = Encoding(columns.label, tuple(columns.features), collector.categories())
+    return label_kind, encoding
+
+
+def _second_pass(
+    request: ImportRequest, header: list[str], columns: TableColumns, encoding: Encoding, label_kind: str,
+    locate: Locate,
+) -> None:
+    """Convert every column and hand the encoded features and the labels to the writer."""
+    source = request.source
+    column_types = (dict.fromkeys(columns.features, pa.float32()) | dict.fromkeys(columns.categorical, pa.string())
+                    | {columns.label: pa.string()})
+    meta = source_meta("csv", source, label=columns.label) | {"encoding": encoding.to_meta()}
     shape = (encoding.width,)
     # A few bytes of text can encode to many one-hot features: encode a bounded slice at a time.
-    slice_rows = max(1, importers.CHUNK_BYTES // (4 * encoding.width))
-    with importers.import_writer(out, shape, np.float32, writer_options, locate=locate,
-                                 feature_names=encoding.feature_names, extra_meta=meta) as writer:
+    slice_rows = rows_per_chunk(shape, np.dtype(np.float32))
+    with import_writer(request.out, shape, np.float32, request.writer_options, locate=locate,
+                       feature_names=encoding.feature_names, extra_meta=meta) as writer:
         rows = 0
         for batch in _csv_batches(source, header, column_types, None):
             for start in range(0, batch.num_rows, slice_rows):
                 part = batch.slice(start, slice_rows)
                 features = encoding.encode(part, offset_locator(locate, rows))
-                writer.write(features, _convert_labels(part.column(label_position), label_kind))
+                writer.write(features, _convert_labels(part.column(columns.label_position), label_kind))
                 rows += part.num_rows
 
 
@@ -136,7 +144,7 @@ def _csv_batches(
         quoted_strings_can_be_null=False,
     )
     # A block must hold whole rows: widen it for very wide files, whose rows outgrow a few MB.
-    block_size = max(importers.CSV_BLOCK_BYTES, 16 * len(",".join(header)))
+    block_size = max(CSV_BLOCK_BYTES, 16 * len(",".join(header)))
     try:
         reader = pa_csv.open_csv(
             source, read_options=pa_csv.ReadOptions(block_size=block_size), convert_options=convert

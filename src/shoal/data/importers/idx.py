@@ -13,11 +13,21 @@ import gzip
 import math
 import zlib
 from contextlib import ExitStack
-from typing import IO, Any
+from typing import IO
 
 import numpy as np
 
-from shoal.data import importers
+from shoal.data.importers.common import (
+    ImportRequest,
+    check_file,
+    import_writer,
+    labels_dtype_of,
+    row_locator,
+    rows_per_chunk,
+    sample_shape_of,
+    source_meta,
+    stored_dtype,
+)
 from shoal.errors import DataError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -32,32 +42,26 @@ TYPE_CODES = {
 KNOWN_CODES = "0x08 uint8, 0x09 int8, 0x0B int16, 0x0C int32, 0x0D float32, 0x0E float64"
 
 
-def import_idx(
-    source: str, out: str, n_features: int | None, label: str | None, writer_options: dict[str, Any]
-) -> None:
+def import_file(request: ImportRequest) -> None:
+    source, label = request.source, request.label
     if label is None:
         raise DataError(f"{source}: an IDX import needs its labels: pass the labels IDX file "
                         "(e.g. train-labels-idx1-ubyte.gz) as label")
-    importers.check_file(label)
+    check_file(label)
     with ExitStack() as stack:
         samples = stack.enter_context(_open(source))
         labels = stack.enter_context(_open(label))
         shape, dtype = read_header(source, samples)
         label_shape, label_dtype = read_header(label, labels)
-        if len(label_shape) != 1 and not (len(label_shape) == 2 and label_shape[1] == 1):
-            raise DataError(f"{label}: labels have shape {label_shape}; expected one dimension (n,)")
-        if label_shape[0] != shape[0]:
-            raise DataError(f"{label}: holds {label_shape[0]:,} labels, but {source} holds {shape[0]:,} samples")
-        if shape[0] == 0:
-            raise DataError(f"{source}: holds no samples: the source is empty")
-        sample_shape = importers.sample_shape_of(source, shape, dtype, n_features)
-        labels_target = importers.labels_dtype_of(label, label_shape, label_dtype)
-        rows = importers.rows_per_chunk(sample_shape, dtype)
-        meta = importers.source_meta("idx", source, labels=label)
-        stored = importers.stored_dtype(dtype.newbyteorder("="))
-        locate = importers.row_locator(label)  # the labels file holds a bad label
-        with importers.import_writer(out, sample_shape, stored, writer_options, locate=locate,
-                                     extra_meta=meta) as writer:
+        _check_counts(source, label, shape, label_shape)
+        sample_shape = sample_shape_of(source, shape, dtype, request.n_features)
+        labels_target = labels_dtype_of(label, label_shape, label_dtype)
+        rows = rows_per_chunk(sample_shape, dtype)
+        meta = source_meta("idx", source, labels=label)
+        stored = stored_dtype(dtype.newbyteorder("="))
+        locate = row_locator(label)  # the labels file holds a bad label
+        with import_writer(request.out, sample_shape, stored, request.writer_options, locate=locate,
+                           extra_meta=meta) as writer:
             for start in range(0, shape[0], rows):
                 count = min(rows, shape[0] - start)
                 features = _read(source, samples, dtype, (count, *sample_shape), start, shape[0])
@@ -66,6 +70,16 @@ def import_idx(
             for path, handle in ((source, samples), (label, labels)):
                 if _read_bytes(path, handle, 1):
                     raise DataError(f"{path}: has bytes after the {shape[0]:,} samples its header declares")
+
+
+def _check_counts(source: str, label: str, shape: tuple[int, ...], label_shape: tuple[int, ...]) -> None:
+    """One label per sample, and at least one sample."""
+    if len(label_shape) != 1 and not (len(label_shape) == 2 and label_shape[1] == 1):
+        raise DataError(f"{label}: labels have shape {label_shape}; expected one dimension (n,)")
+    if label_shape[0] != shape[0]:
+        raise DataError(f"{label}: holds {label_shape[0]:,} labels, but {source} holds {shape[0]:,} samples")
+    if shape[0] == 0:
+        raise DataError(f"{source}: holds no samples: the source is empty")
 
 
 def _open(path: str) -> IO[bytes]:

@@ -1,0 +1,48 @@
+"""Hierarchical groups and periods: the checks and the rank layout that several algorithms share.
+
+Averaging, synchronous EASGD and Downpour split their workers into contiguous groups of nearly
+equal size (cluster.groups) and count rounds in periods of steps; the rules for both live here
+so that each algorithm states them the same way and none imports another.
+"""
+
+from __future__ import annotations
+
+from shoal.errors import ConfigError
+
+
+def check_period(key: str, period) -> None:
+    """A period is "epoch" or a number of steps >= 1."""
+    steps = isinstance(period, int) and not isinstance(period, bool) and period >= 1
+    if period != "epoch" and not steps:
+        raise ConfigError(f"{key}: must be \"epoch\" or a number of steps >= 1, got {period!r}")
+
+
+def check_group_period(group_period, period) -> None:
+    """`group_period`: unset, or a number of steps >= 1 below a step `period`."""
+    if group_period is None:
+        return
+    if isinstance(group_period, bool) or not isinstance(group_period, int) or group_period < 1:
+        raise ConfigError(f"algorithm.group_period: must be a number of steps >= 1, got {group_period!r}")
+    if period != "epoch" and group_period >= period:
+        raise ConfigError(f"algorithm.group_period: must be smaller than algorithm.period ({period}), or no "
+                          f"round within a group comes between two rounds across groups; got {group_period}")
+
+
+def check_groups(groups: int, group_period, trainers: int) -> None:
+    """Refuse more groups than trainers, and groups without rounds of their own."""
+    if groups > trainers:
+        raise ConfigError(f"cluster.groups: {groups} groups need at least {groups} training workers, got {trainers}")
+    if groups > 1 and group_period is None:
+        raise ConfigError(f"algorithm.group_period: required with cluster.groups = {groups}: "
+                          "the steps between rounds within a group")
+
+
+def contiguous_groups(count: int, groups: int) -> list[list[int]]:
+    """Ranks 0..count-1 in `groups` contiguous groups whose sizes differ by at most one (larger first)."""
+    base, extra = divmod(count, groups)
+    members, start = [], 0
+    for group in range(groups):
+        size = base + (1 if group < extra else 0)
+        members.append(list(range(start, start + size)))
+        start += size
+    return members

@@ -1,0 +1,107 @@
+"""Importers: convert CSV, LIBSVM, MNIST IDX, NumPy, HDF5 and Parquet files into a dataset folder.
+
+This package's entry is `import_dataset`, which checks its arguments and hands them, as an
+`ImportRequest`, to the format's importer. `IMPORTERS` is the one table of formats: each names
+the module that reads it, imported only when a file of that format is, so h5py loads only for
+HDF5 and Arrow's CSV reader only for CSV. What every importer shares is in `common`; one-hot
+encoding of table columns in `shoal.data.encoding`.
+
+To add a format: write a module here whose `import_file(request: ImportRequest)` writes the
+dataset (importing from `common` only), and add its line to `IMPORTERS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from shoal.data.declared_classes import DeclaredClasses
+from shoal.data.encoding import Encoding
+from shoal.data.format import Dataset, open_dataset
+from shoal.data.importers.common import ImportRequest, check_file
+from shoal.errors import DataError
+
+
+@dataclass(frozen=True)
+class Importer:
+    """A format's entry in `IMPORTERS`: the module that reads it, loaded when a file of that format is imported."""
+
+    module: str  # under shoal.data.importers; it defines import_file(request: ImportRequest)
+    table: bool = False  # named columns, which can be one-hot encoded (categorical, encoding_from)
+
+    def load(self) -> Callable[[ImportRequest], None]:
+        return importlib.import_module(f"shoal.data.importers.{self.module}").import_file
+
+
+IMPORTERS: dict[str, Importer] = {
+    "csv": Importer("csv_format", table=True),
+    "libsvm": Importer("libsvm"),
+    "idx": Importer("idx"),
+    "npy": Importer("numpy_arrays"),
+    "npz": Importer("numpy_arrays"),
+    "hdf5": Importer("hdf5"),
+    "parquet": Importer("parquet", table=True),
+}
+FORMATS = tuple(IMPORTERS)
+TABLE_FORMATS = tuple(name for name, importer in IMPORTERS.items() if importer.table)
+
+
+def import_dataset(
+    source: str,
+    out: str,
+    format: str,
+    *,
+    n_features: int | None = None,
+    label: str | None = None,
+    features: str | None = None,
+    categorical: Sequence[str] | None = None,
+    encoding_from: str | None = None,
+    classes: Sequence[str] | None = None,
+    rows_per_file: int = 1_000_000,
+    overwrite: bool = False,
+) -> Dataset:
+    """Convert `source` (a `format` file) into the dataset folder `out` and open it.
+
+    `n_features` fixes the feature count (LIBSVM: otherwise the largest index seen; other
+    formats: checked against the file). `label` names the label column of a CSV or Parquet
+    table (a name or a 0-based column number; default the last column), the labels file of a
+    features `.npy` or IDX file, or the labels dataset of an HDF5 file, whose features dataset
+    `features` names. `categorical` lists the table columns to one-hot encode (names or
+    numbers); `encoding_from`, a dataset folder, makes a table encode as that dataset did.
+    `classes` lists the allowed labels: a row with any other label fails the import.
+    """
+    source, out = str(source), str(out)
+    if format not in IMPORTERS:
+        raise DataError(f"unknown import format {format!r}; supported formats: {', '.join(FORMATS)}")
+    check_file(source)
+    if n_features is not None and n_features < 1:
+        raise DataError(f"{source}: n_features must be at least 1, got {n_features}")
+    if rows_per_file < 1:
+        raise DataError(f"{out}: rows_per_file must be at least 1, got {rows_per_file}")
+    _check_format_options(source, format, features, categorical, encoding_from)
+    # Checked here as well as in the writer so that a long first pass is not wasted.
+    if os.path.exists(out) and not overwrite:
+        raise DataError(f"{out}: already exists (choose another output folder)")
+    declared = None if classes is None else DeclaredClasses(classes)
+    encoding = None if encoding_from is None else Encoding.from_dataset(str(encoding_from))
+    writer_options = {"rows_per_file": rows_per_file, "overwrite": overwrite, "declared": declared}
+    request = ImportRequest(source, out, format, n_features, label, features, list(categorical or ()), encoding,
+                            writer_options)
+    IMPORTERS[format].load()(request)
+    return open_dataset(out)
+
+
+def _check_format_options(
+    source: str, format: str, features: str | None, categorical: Sequence[str] | None, encoding_from: str | None
+) -> None:
+    """Options that apply to some formats only: one-hot encoding to tables, `features` to HDF5."""
+    if (categorical or encoding_from is not None) and not IMPORTERS[format].table:
+        raise DataError(f"{source}: categorical columns and encoding_from apply to {' and '.join(TABLE_FORMATS)}, "
+                        f"not {format}")
+    if categorical and encoding_from is not None:
+        raise DataError(f"{source}: give categorical columns or encoding_from, not both "
+                        "(the reference encoding names its categorical columns)")
+    if features is not None and format != "hdf5":
+        raise DataError(f"{source}: features names an HDF5 dataset; it does not apply to {format}")

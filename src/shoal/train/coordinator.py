@@ -1,0 +1,157 @@
+"""Rank 0's duties besides training: events, progress, evaluation, epoch records and the saved model.
+
+Every rank runs the same runner (SPMD); the coordinator is the part only rank 0 holds. Keeping
+it apart lets the runner read as the same steps on every rank, and lets a test drive the
+coordinator's records without a process group.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow
+import torch
+
+import shoal
+from shoal.algorithms import Algorithm
+from shoal.config import JobConfig
+from shoal.data.loader import Converter
+from shoal.train.artifacts import save_model
+from shoal.train.events import EventLog, read_events
+from shoal.train.loop import EpochStats
+from shoal.train.objective import evaluate
+from shoal.train.prepare import Prepared
+from shoal.train.progress import Progress
+from shoal.train.validation import Validator
+
+PROGRESS_SECONDS = 5.0  # how often the coordinator records the step it is at
+
+
+def versions() -> dict[str, str]:
+    return {"shoal": shoal.__version__, "torch": torch.__version__, "python": platform.python_version(),
+            "numpy": np.__version__, "pyarrow": pyarrow.__version__}
+
+
+class Coordinator:
+    """Writes the run's events and model on rank 0; evaluates on the test set."""
+
+    def __init__(self, job: JobConfig, run_dir: Path, prepared: Prepared, model: torch.nn.Module,
+                 device: torch.device):
+        self.job, self.run_dir, self.prepared, self.model, self.device = job, run_dir, prepared, model, device
+        self.events = EventLog(run_dir)
+        self.progress: Progress | None = None
+        self.validator: Validator | None = None
+        self.test_rows = self.convert = None
+        self.final: dict = {}  # the latest test metrics
+        self.last_record = time.monotonic()
+
+    def load_test_set(self) -> None:
+        """Read the whole test set once (evaluation and background validation share it)."""
+        test_set, prepared = self.prepared.test_set, self.prepared
+        if test_set is None:
+            return
+        self.test_rows = test_set.read_all()
+        self.convert = Converter(test_set.feature_dtype, prepared.spec["input"], self.device,
+                                 prepared.objective.label_dtype)
+
+    def announce(self, start_epoch: int, details: dict, load_seconds: list[float], holdings: list) -> None:
+        """The job's start (or resumption) and its data load; the progress display and validation begin."""
+        started_before = any(e["event"] == "job_start" for e in read_events(self.run_dir))
+        self.events.write("job_resumed" if started_before else "job_start", from_epoch=start_epoch,
+                          versions=versions(), **details)
+        self.events.write("data_loaded", seconds=max(load_seconds), per_rank=load_seconds, shares=holdings)
+        self.progress = Progress(self.job.output.progress, self.job.train.epochs, details["steps_per_epoch"],
+                                 enabled=True)
+        if self.test_rows is not None:
+            self.validator = Validator.from_job(self.job, self.prepared, self.model, self.test_rows, self.convert,
+                                                self.events)
+
+    def start_epoch(self, epoch: int) -> None:
+        self.progress.start_epoch(epoch)
+
+    def after_step(self, epoch: int, step: int, steps_per_epoch: int, loss: float) -> None:
+        """The bar, background validation, and a `progress` record every PROGRESS_SECONDS."""
+        self.progress.step(loss)
+        self.offer(step)
+        if time.monotonic() - self.last_record >= PROGRESS_SECONDS:
+            self.last_record = time.monotonic()
+            self.events.write("progress", epoch=epoch + 1, step=step, step_in_epoch=step - epoch * steps_per_epoch,
+                              steps_per_epoch=steps_per_epoch, loss=loss)
+
+    def offer(self, count: int) -> None:
+        """A step or a server update happened: validate in the background if one is due."""
+        if self.validator is not None:
+            self.validator.offer(count)
+
+    def evaluate(self, algorithm: Algorithm) -> tuple[dict, float]:
+        """Test metrics of the consensus model and the seconds they took."""
+        began = time.perf_counter()
+        with self.validator.paused(), algorithm.consensus() as consensus:
+            metrics = evaluate(consensus, self.prepared.objective, *self.test_rows, convert=self.convert)
+        self.final = metrics
+        return metrics, time.perf_counter() - began
+
+    def end_epoch(self, epoch: int, step: int, per_rank: list[EpochStats], ranks: list[int], hosts: list[str],
+                  algorithm: Algorithm) -> None:
+        """Evaluate when due, then write the epoch's record."""
+        last = epoch + 1 == self.job.train.epochs
+        test, evaluation_seconds = {}, 0.0
+        if self.test_rows is not None and ((epoch + 1) % self.job.train.eval_every == 0 or last):
+            test, evaluation_seconds = self.evaluate(algorithm)
+        record = epoch_record(epoch, step, per_rank, ranks, hosts, test, evaluation_seconds)
+        report = algorithm.epoch_report()
+        if report:
+            record["algorithm"] = report
+        self.events.write("epoch_end", **record)
+        self.progress.end_epoch(epoch, record)
+
+    def checkpoint_written(self, epoch: int, path: Path, seconds: float) -> None:
+        self.events.write("checkpoint", epoch=epoch, path=str(path), seconds=seconds)
+
+    def complete(self, algorithm: Algorithm, seconds: float, steps: int, memory: list) -> None:
+        """Save the consensus model and write `job_end`."""
+        if self.validator is not None:
+            self.validator.close()
+        prepared = self.prepared
+        with algorithm.consensus() as consensus:
+            path = save_model(self.run_dir, consensus, prepared.spec, prepared.objective, prepared.train_set.classes,
+                              prepared.train_set.feature_dtype.name)
+        self.events.write("job_end", status="completed", test=self.final, seconds=seconds,
+                          epochs=self.job.train.epochs, steps=steps, model=str(path), memory=memory)
+
+    def close(self) -> None:
+        if self.validator is not None:
+            self.validator.close()
+        self.events.close()
+
+
+def epoch_record(epoch: int, step: int, per_rank: list[EpochStats], ranks: list[int], hosts: list[str], test: dict,
+                 evaluation_seconds: float) -> dict:
+    """The `epoch_end` event: totals over the training ranks, the mean time split, and each worker's rate."""
+    rows = sum(s.rows for s in per_rank)
+    seconds = max(s.seconds for s in per_rank)
+    count = len(per_rank)
+    return {
+        "epoch": epoch + 1,
+        "step": step,
+        "train_loss": sum(s.loss_sum for s in per_rank) / rows,
+        "test": test,
+        "samples": int(rows),
+        "seconds": seconds,
+        "samples_per_second": rows / seconds if seconds > 0 else 0.0,
+        "seconds_split": {
+            "compute": sum(s.compute for s in per_rank) / count,
+            "communication": sum(s.communication for s in per_rank) / count,
+            "data": sum(s.data for s in per_rank) / count,
+            "evaluation": evaluation_seconds,
+        },
+        "workers": [
+            {"rank": rank, "host": host, "rows": int(s.rows), "seconds": s.seconds,
+             "steps_per_second": s.steps / s.seconds if s.seconds > 0 else 0.0,
+             "compute": s.compute, "communication": s.communication, "data": s.data}
+            for rank, host, s in zip(ranks, hosts, per_rank)
+        ],
+    }

@@ -1,0 +1,222 @@
+"""One rank of a job in named steps: set up, load data, resume, start, run and end each epoch, finish.
+
+Every rank runs a `Runner` (SPMD). Rank 0 also holds the `Coordinator` (events, evaluation,
+the saved model). With `resume`, every rank continues from the newest valid checkpoint, so the
+job ends with the weights an uninterrupted job would have had. Each step is a method, so tests
+and other entry points can drive them one by one; `finish` always runs.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from shoal.algorithms import Role, ServerAlgorithm, make_algorithm, role, trainer_ranks
+from shoal.cluster.collectives import Communicator
+from shoal.cluster.env import DistInfo, choose_device
+from shoal.cluster.heartbeat import Heartbeat
+from shoal.config import JobConfig
+from shoal.data.loader import ShardLoader
+from shoal.data.partition import steps_per_epoch
+from shoal.model import build_model
+from shoal.train.checkpoint import (
+    Checkpointer,
+    check_resumable,
+    coordinator_state,
+    find_latest,
+    fingerprint,
+    latest_test,
+    load_rank,
+)
+from shoal.train.coordinator import Coordinator
+from shoal.train.loop import EpochStats, Trainer
+from shoal.train.memory import current_rss, peak_rss
+from shoal.train.prepare import check_world_size, make_optimizer, prepare
+from shoal.train.roles import Serving, Training
+from shoal.train.state import TrainingState
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+class Runner:
+    """This rank's part of the job; `run()` takes every step in order and returns rank 0's test metrics."""
+
+    def __init__(self, job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resume: bool = False):
+        self.job, self.info, self.run_dir, self.threads, self.resuming = job, info, Path(run_dir), threads, resume
+        self.coordinator: Coordinator | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.loader: ShardLoader | None = None
+        self.start_epoch = 0
+
+    def run(self) -> dict:
+        try:
+            self.setup()
+            self.load_data()
+            self.resume()
+            self.start()
+            for epoch in range(self.start_epoch, self.job.train.epochs):
+                self.end_epoch(epoch, self.run_epoch(epoch))
+            return self.complete()
+        finally:
+            self.finish()
+
+    def setup(self) -> None:
+        """Device, communicator, model, optimizer and algorithm, identical on every rank."""
+        job, info = self.job, self.info
+        self.device = choose_device(job.cluster.device, info)
+        self.comm = Communicator(info.rank, info.world_size, device=self.device)
+        self.prepared = prepare(job)
+        seed_everything(job.train.seed)  # identical initial weights on every rank
+        self.model = build_model(self.prepared.spec).to(self.device)
+        self.optimizer = make_optimizer(job.train.optimizer, self.model.parameters())
+        self.algorithm = make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups)
+        check_world_size(job, info.world_size, self.prepared.train_set, self.algorithm)
+        self.trainers = trainer_ranks(self.algorithm, info.world_size)
+        self.role = role(self.algorithm, info.rank, info.world_size)
+        self.steps = steps_per_epoch(self.prepared.train_set.rows, len(self.trainers), job.train.batch_size)
+        self.heartbeat = Heartbeat(self.run_dir, info.rank, info.host)
+        if info.rank == 0:
+            self.coordinator = Coordinator(job, self.run_dir, self.prepared, self.model, self.device)
+        if isinstance(self.algorithm, ServerAlgorithm):
+            self.algorithm.setup(self.model, self.optimizer, self.comm, on_update=self.after_update)
+            self.algorithm.plan(self.steps)
+        else:
+            self.algorithm.setup(self.model, self.optimizer, self.comm)
+        seed_everything(job.train.seed + 1 + info.rank)  # dropout differs between ranks
+
+    def load_data(self) -> None:
+        """Each trainer loads its share once; the coordinator reads the test set."""
+        # Imports that come anyway, made before the memory count so they do not show up as the data's.
+        import torch._dynamo  # noqa: F401  (the first optimizer step imports it)
+
+        self.memory_before_data = current_rss()
+        if self.role is Role.TRAINER:
+            self.loader = self.open_share()
+            trainer = Trainer(self.model, self.optimizer, self.prepared.objective, self.algorithm, self.loader,
+                              self.comm, on_step=self.after_step)
+            self.epoch_loop = Training(trainer)
+        else:
+            self.epoch_loop = Serving(self.algorithm, self.steps)
+        self.hosts = self.comm.all_gather_object(self.info.host)
+        seconds = self.loader.load_seconds if self.loader else 0.0
+        self.load_seconds = self.comm.all_gather(torch.tensor([seconds], dtype=torch.float64))[:, 0].tolist()
+        self.holdings = self.comm.all_gather_object(self.loader.describe() if self.loader else {"mode": "serves"})
+        if self.coordinator is not None:
+            self.coordinator.load_test_set()
+
+    def open_share(self) -> ShardLoader:
+        job, prepared = self.job, self.prepared
+        return ShardLoader(
+            prepared.train_set, rank=self.trainers.index(self.info.rank), world_size=len(self.trainers),
+            batch_size=job.train.batch_size, seed=job.train.seed, shuffle=job.train.shuffle,
+            device=self.device, label_dtype=prepared.objective.label_dtype, sample_shape=prepared.spec["input"],
+            memory_budget=job.data.memory_budget, cache_dir=job.data.cache_dir,
+        )
+
+    def resume(self) -> None:
+        """With `resume`: every rank loads its part of the newest checkpoint that all ranks hold."""
+        self.state = TrainingState(self.model, self.optimizer, self.algorithm, self.epoch_loop, self.device)
+        self.fingerprint = fingerprint(self.job, self.prepared.spec, self.prepared.train_set.rows,
+                                       self.info.world_size)
+        if not self.resuming:
+            return
+        coordinator = self.coordinator is not None
+        if coordinator:  # also here for jobs started by torchrun or srun, which skip the launcher's check
+            check_resumable(self.run_dir, self.job, self.prepared.spec, self.prepared.train_set.rows,
+                            self.info.world_size)
+        found = self.comm.broadcast_object(find_latest(self.run_dir, self.info.world_size) if coordinator else None)
+        if found is None:
+            return
+        self.state.load_state_dict(load_rank(found.path, self.info.rank))
+        self.start_epoch = found.epoch
+        if coordinator:
+            self.coordinator.final = latest_test(found)
+
+    def start(self) -> None:
+        """Announce the job, then start every rank together."""
+        if self.coordinator is not None:
+            self.coordinator.announce(self.start_epoch, self.details(), self.load_seconds, self.holdings)
+        self.checkpointer = Checkpointer(self.run_dir, self.comm, self.job.checkpoint.keep)
+        # the coordinator's set-up must not show up as the first epoch's wait
+        self.comm.barrier()
+        self.started = time.perf_counter()
+
+    def details(self) -> dict:
+        """What `job_start` records about the job and where it runs."""
+        job, prepared = self.job, self.prepared
+        return dict(job=job.name, config=job.to_dict(), world_size=self.info.world_size,
+                    trainers=len(self.trainers), hosts=self.hosts, threads=self.threads, device=str(self.device),
+                    algorithm=job.algorithm.name, train_rows=prepared.train_set.rows,
+                    test_rows=prepared.test_set.rows if prepared.test_set else 0, steps_per_epoch=self.steps,
+                    parameters=sum(p.numel() for p in self.model.parameters()))
+
+    def run_epoch(self, epoch: int) -> EpochStats:
+        """Train (or serve) one epoch in this rank's role."""
+        if self.coordinator is not None:
+            self.coordinator.start_epoch(epoch)
+        return self.epoch_loop.run_epoch(epoch)
+
+    def after_step(self, loss: float) -> None:
+        """After every training step: the heartbeat, and on rank 0 the bar and validation."""
+        trainer = self.epoch_loop.trainer
+        self.heartbeat.beat(trainer.global_step)
+        if self.coordinator is not None:
+            self.coordinator.after_step(trainer.epoch, trainer.global_step, self.steps, loss)
+
+    def after_update(self, version: int) -> None:
+        """After every update a server applies: the heartbeat, and validation when due."""
+        self.heartbeat.beat(version)
+        if self.coordinator is not None:
+            self.coordinator.offer(version)
+
+    def end_epoch(self, epoch: int, stats: EpochStats) -> None:
+        """Every rank's statistics to the coordinator (which evaluates and records), then the checkpoint."""
+        gathered = self.comm.all_gather(stats.as_tensor())
+        if self.coordinator is not None:
+            per_rank = [EpochStats.from_tensor(gathered[rank]) for rank in self.trainers]
+            self.coordinator.end_epoch(epoch, self.epoch_loop.global_step, per_rank, self.trainers,
+                                       [self.hosts[rank] for rank in self.trainers], self.algorithm)
+        every = self.job.checkpoint.every
+        if every and ((epoch + 1) % every == 0 or epoch + 1 == self.job.train.epochs):
+            self.save_checkpoint(epoch + 1)
+
+    def save_checkpoint(self, epochs_done: int) -> None:
+        began = time.perf_counter()
+        coordinator = self.coordinator
+        extra = coordinator_state(coordinator.final, self.fingerprint) if coordinator is not None else None
+        path = self.checkpointer.save(epochs_done, self.state.state_dict(), extra)
+        if coordinator is not None:
+            coordinator.checkpoint_written(epochs_done, path, time.perf_counter() - began)
+
+    def complete(self) -> dict:
+        """Memory figures to the coordinator, which saves the model and ends the job; returns its metrics."""
+        memory = self.comm.all_gather_object({"before_data": self.memory_before_data, "peak": peak_rss()})
+        final = {}
+        if self.coordinator is not None:
+            self.coordinator.complete(self.algorithm, time.perf_counter() - self.started,
+                                      self.epoch_loop.global_step, memory)
+            final = self.coordinator.final
+        self.comm.barrier()  # nobody leaves (and tears down the group) while the coordinator still writes
+        return final
+
+    def finish(self) -> None:
+        """Always, after success or failure: stop the heartbeat, close the share and the event log."""
+        if self.heartbeat is not None:
+            self.heartbeat.close()
+        if self.loader is not None:
+            self.loader.close()
+        if self.coordinator is not None:
+            self.coordinator.close()
+
+
+def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resume: bool = False) -> dict:
+    """Train this rank's part of the job; returns the final test metrics (rank 0) or {}."""
+    return Runner(job, info, run_dir, threads, resume).run()

@@ -1,0 +1,44 @@
+"""One rank's training state, whose `state_dict` is the checkpoint schema.
+
+Everything a rank needs to continue exactly where it stopped: the model, the optimizer, the
+algorithm's own state, the step counter of its role and the random generators. The keys of a
+rank's checkpoint file are written and read here and nowhere else; the checkpoint folder's
+layout and its coordinator file belong to `checkpoint`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from shoal.algorithms import Algorithm
+from shoal.train.checkpoint import random_state, restore_random_state
+
+
+class Counter(Protocol):
+    """What owns the step count: a trainer, or a serving rank."""
+
+    global_step: int
+
+
+class TrainingState:
+    """Model, optimizer, algorithm, step counter and random generators of one rank (torchtitan's Stateful)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, algorithm: Algorithm,
+                 counter: Counter, device: torch.device):
+        self.model, self.optimizer, self.algorithm = model, optimizer, algorithm
+        self.counter, self.device = counter, device
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "algorithm": self.algorithm.state_dict(), "global_step": self.counter.global_step,
+                "random": random_state(self.device)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.counter.global_step = state["global_step"]
+        restore_random_state(state["random"], self.device)
+
