@@ -105,6 +105,19 @@ def _lost_peer(message: str) -> bool:
     return any(text in message for text in consequences)
 
 
+def _wrote_error(failure) -> bool:
+    """Whether the worker recorded an exception (torch's error file); killed ones write none, and
+    torch then fills `error_file_data` with a placeholder that is not empty."""
+    return isinstance(failure.error_file_data.get("message"), dict)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time or unnamed signal
+        return f"signal {number}"
+
+
 def describe_failure(error: ChildFailedError, run_dir: Path) -> WorkerError:
     """The root cause among failed workers, as one line and as fields for the events.
 
@@ -114,7 +127,7 @@ def describe_failure(error: ChildFailedError, run_dir: Path) -> WorkerError:
     """
     failures = sorted(error.failures.items(), key=lambda item: item[1].timestamp)
     raised = [(rank, failure) for rank, failure in failures
-              if failure.error_file_data and not _lost_peer(str(failure.message))]
+              if _wrote_error(failure) and not _lost_peer(str(failure.message))]
     # SIGTERM is what the launcher sends the others once one has failed
     killed = [(rank, failure) for rank, failure in failures if failure.exitcode < 0 and failure.exitcode != -15]
     rank, failure = (raised or killed or failures)[0]
@@ -125,7 +138,7 @@ def describe_failure(error: ChildFailedError, run_dir: Path) -> WorkerError:
     host = socket.gethostname()
     signal_name = None
     if failure.exitcode < 0:
-        signal_name = signal.Signals(-failure.exitcode).name
+        signal_name = _signal_name(-failure.exitcode)
         message = f"killed by {signal_name}"
     text = f"worker rank {rank} on {host} failed: {message}"
     quiet = fell_silent(run_dir, gap=2 * HEARTBEAT_SECONDS)

@@ -49,8 +49,11 @@ def seed_everything(seed: int) -> None:
 class Runner:
     """This rank's part of the job; `run()` takes every step in order and returns rank 0's test metrics."""
 
-    def __init__(self, job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resume: bool = False):
+    def __init__(self, job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resume: bool = False,
+                 comm: Communicator | None = None):
+        """`comm`: the job's communicator (default: over the process group; tests pass a fake)."""
         self.job, self.info, self.run_dir, self.threads, self.resuming = job, info, Path(run_dir), threads, resume
+        self.comm = comm
         self.coordinator: Coordinator | None = None
         self.heartbeat: Heartbeat | None = None
         self.loader: ShardLoader | None = None
@@ -72,7 +75,7 @@ class Runner:
         """Device, communicator, model, optimizer and algorithm, identical on every rank."""
         job, info = self.job, self.info
         self.device = choose_device(job.cluster.device, info)
-        self.comm = Communicator(info.rank, info.world_size, device=self.device)
+        self.comm = self.comm or Communicator(info.rank, info.world_size, device=self.device)
         self.prepared = prepare(job)
         seed_everything(job.train.seed)  # identical initial weights on every rank
         self.model = build_model(self.prepared.spec).to(self.device)

@@ -1,0 +1,190 @@
+"""Who am I: rank discovery from launcher variables, threads, devices, joining the process group."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+import torch
+
+from shoal.cluster import env
+from shoal.cluster.env import DistInfo, choose_device, cores, get_dist_info, init_process_group, threads_per_worker
+from shoal.errors import ShoalError
+
+LAUNCHER_VARIABLES = [name for names in env._LAUNCHERS for name in names] + ["MASTER_ADDR", "MASTER_PORT"]
+
+
+@pytest.fixture(autouse=True)
+def no_launcher(monkeypatch):
+    """Every test starts as a process started alone, whatever launched pytest."""
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def set_variables(monkeypatch, **variables):
+    for name, value in variables.items():
+        monkeypatch.setenv(name, str(value))
+
+
+def place(info: DistInfo) -> tuple[int, int, int, int]:
+    return info.rank, info.world_size, info.local_rank, info.local_world_size
+
+
+# ---------------------------------------------------------------- rank discovery
+
+
+def test_a_process_started_alone_is_rank_0_of_1():
+    assert place(get_dist_info()) == (0, 1, 0, 1)
+
+
+def test_torchrun_variables(monkeypatch):
+    set_variables(monkeypatch, RANK=5, WORLD_SIZE=8, LOCAL_RANK=1, LOCAL_WORLD_SIZE=4)
+    assert place(get_dist_info()) == (5, 8, 1, 4)
+
+
+def test_slurm_variables(monkeypatch):
+    set_variables(monkeypatch, SLURM_PROCID=6, SLURM_NTASKS=8, SLURM_LOCALID=2, SLURM_NTASKS_PER_NODE=4)
+    assert place(get_dist_info()) == (6, 8, 2, 4)
+
+
+def test_slurm_tasks_per_node_in_the_repeated_form(monkeypatch):
+    # SLURM writes "4(x2)" for "4 tasks on each of 2 nodes"
+    set_variables(monkeypatch, SLURM_PROCID=3, SLURM_NTASKS=8, SLURM_LOCALID=3, SLURM_NTASKS_PER_NODE="4(x2)")
+    assert place(get_dist_info()) == (3, 8, 3, 4)
+
+
+def test_open_mpi_variables(monkeypatch):
+    set_variables(monkeypatch, OMPI_COMM_WORLD_RANK=2, OMPI_COMM_WORLD_SIZE=3, OMPI_COMM_WORLD_LOCAL_RANK=0,
+                  OMPI_COMM_WORLD_LOCAL_SIZE=1)
+    assert place(get_dist_info()) == (2, 3, 0, 1)
+
+
+def test_missing_local_variables_mean_local_rank_0_and_every_worker_on_this_machine(monkeypatch):
+    set_variables(monkeypatch, OMPI_COMM_WORLD_RANK=1, OMPI_COMM_WORLD_SIZE=3)
+    assert place(get_dist_info()) == (1, 3, 0, 3)
+
+
+def test_torchrun_comes_before_slurm_and_slurm_before_open_mpi(monkeypatch):
+    # torchrun started inside a SLURM allocation, itself inside mpirun
+    set_variables(monkeypatch, OMPI_COMM_WORLD_RANK=3, OMPI_COMM_WORLD_SIZE=4)
+    set_variables(monkeypatch, SLURM_PROCID=2, SLURM_NTASKS=6)
+    assert place(get_dist_info())[:2] == (2, 6)
+    set_variables(monkeypatch, RANK=1, WORLD_SIZE=2)
+    assert place(get_dist_info())[:2] == (1, 2)
+
+
+def test_a_launcher_counts_only_with_both_its_rank_and_its_size(monkeypatch):
+    set_variables(monkeypatch, RANK=1, SLURM_NTASKS=4)  # half of torchrun's pair, half of SLURM's
+    assert place(get_dist_info()) == (0, 1, 0, 1)
+    set_variables(monkeypatch, OMPI_COMM_WORLD_RANK=2, OMPI_COMM_WORLD_SIZE=5)
+    assert place(get_dist_info())[:2] == (2, 5)
+
+
+def test_print0_prints_on_rank_0_only(capsys):
+    env.print0("shown", info=DistInfo(rank=0, world_size=2))
+    env.print0("hidden", info=DistInfo(rank=1, world_size=2))
+    assert capsys.readouterr().out == "shown\n"
+
+
+# ---------------------------------------------------------------- cores and threads
+
+
+def test_cores_counts_the_affinity_mask(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
+    assert cores() == 3
+
+
+def test_cores_without_an_affinity_mask_counts_the_machine(monkeypatch):
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert cores() == 6
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert cores() == 1
+
+
+def test_threads_per_worker_shares_the_cores_unless_configured(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert threads_per_worker(3, 4) == 3  # configured wins, even past the cores
+    assert threads_per_worker(16, 1) == 16
+    assert threads_per_worker(0, 1) == 8
+    assert threads_per_worker(0, 4) == 2
+    assert threads_per_worker(0, 3) == 2  # 8 // 3
+    assert threads_per_worker(0, 16) == 1  # more workers than cores: still one thread each
+
+
+# ---------------------------------------------------------------- devices
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Pretend the machine has `count` GPUs; records the devices set."""
+    chosen = []
+
+    def pretend(count: int) -> list:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+        return chosen
+
+    return pretend
+
+
+def test_auto_without_gpus_is_the_cpu(gpus):
+    gpus(0)
+    assert choose_device("auto", DistInfo()) == torch.device("cpu")
+    assert choose_device("cpu", DistInfo()) == torch.device("cpu")
+
+
+def test_cuda_without_gpus_names_the_key(gpus):
+    gpus(0)
+    with pytest.raises(ShoalError, match=r"^cluster\.device: 'cuda' asked for but no CUDA device is available$"):
+        choose_device("cuda", DistInfo())
+
+
+def test_auto_uses_the_gpus_only_when_every_local_worker_gets_one(gpus):
+    chosen = gpus(2)
+    assert choose_device("auto", DistInfo(rank=3, world_size=4, local_rank=1, local_world_size=2)) == \
+        torch.device("cuda", 1)
+    assert chosen == [1]
+    assert choose_device("auto", DistInfo(rank=3, world_size=4, local_rank=3, local_world_size=4)) == \
+        torch.device("cpu")
+    assert choose_device("cpu", DistInfo(local_world_size=1)) == torch.device("cpu")
+    assert chosen == [1]
+
+
+def test_cuda_with_more_workers_than_gpus_is_refused(gpus):
+    gpus(2)
+    with pytest.raises(ShoalError, match=r"cluster\.device: 'cuda' with 3 workers on a machine with 2 GPU\(s\)"):
+        choose_device("cuda", DistInfo(rank=0, world_size=3, local_world_size=3))
+
+
+# ---------------------------------------------------------------- process group
+
+
+@pytest.fixture
+def joins(monkeypatch):
+    """Records calls to torch.distributed.init_process_group instead of joining anything."""
+    calls = []
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda *args, **kwargs: calls.append((args, kwargs)))
+    return calls
+
+
+def test_a_world_of_one_joins_nothing(joins):
+    init_process_group(DistInfo(), torch.device("cpu"), timeout=30)
+    assert joins == []
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("present", [{}, {"MASTER_ADDR": "10.0.0.1"}, {"MASTER_PORT": "29500"}])
+def test_a_world_of_many_needs_master_addr_and_port(monkeypatch, joins, present):
+    set_variables(monkeypatch, **present)
+    with pytest.raises(ShoalError, match="MASTER_ADDR and MASTER_PORT must be set"):
+        init_process_group(DistInfo(rank=1, world_size=2), torch.device("cpu"), timeout=30)
+    assert joins == []
+
+
+def test_a_world_of_many_on_cpu_joins_with_gloo(monkeypatch, joins):
+    set_variables(monkeypatch, MASTER_ADDR="127.0.0.1", MASTER_PORT=29500)
+    init_process_group(DistInfo(rank=1, world_size=3), torch.device("cpu"), timeout=45)
+    assert joins == [(("gloo",), {"rank": 1, "world_size": 3, "timeout": timedelta(seconds=45), "device_id": None})]

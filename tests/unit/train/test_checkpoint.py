@@ -1,0 +1,291 @@
+"""Checkpoints without processes: a world of one, or two ranks on the fake communicator's threads."""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from shoal.cluster.collectives import Communicator
+from shoal.cluster.fake import run_ranks
+from shoal.errors import ConfigError
+from shoal.train.checkpoint import (
+    CHECKPOINTS,
+    COORDINATOR_FILE,
+    Checkpointer,
+    check_resumable,
+    find_latest,
+    fingerprint,
+    load_rank,
+    random_state,
+    restore_random_state,
+)
+
+try:
+    from shoal.jobs import from_dict
+except ImportError:  # where it lived before shoal.jobs
+    from shoal.config import from_dict
+
+CPU = torch.device("cpu")
+SPEC = {"input": [4], "layers": [{"dense": 3}]}
+ROWS = 1000
+
+
+def rank_state(rank: int, epoch: int) -> dict:
+    """A rank's state shaped as the runner writes it: model, optimizer state (as Adam's), counters.
+
+    The optimizer state is built by hand: a first optimizer step costs torch over a second of imports.
+    """
+    generator = torch.Generator().manual_seed(10 * epoch + rank)
+    model = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    moments = {index: {"step": torch.tensor(float(epoch)), "exp_avg": torch.randn(p.shape, generator=generator),
+                       "exp_avg_sq": torch.rand(p.shape, generator=generator)}
+               for index, p in enumerate(model.parameters())}
+    optimizer = {"state": moments, "param_groups": [{"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-8,
+                                                     "amsgrad": False, "params": [0, 1]}]}
+    return {"model": model.state_dict(), "optimizer": optimizer, "global_step": 100 * epoch + rank}
+
+
+def assert_same(loaded, saved) -> None:
+    """Nested dicts, lists and tensors equal (tensors exactly)."""
+    if isinstance(saved, torch.Tensor):
+        assert isinstance(loaded, torch.Tensor) and torch.equal(loaded, saved)
+    elif isinstance(saved, dict):
+        assert loaded.keys() == saved.keys()
+        for key in saved:
+            assert_same(loaded[key], saved[key])
+    elif isinstance(saved, (list, tuple)):
+        assert len(loaded) == len(saved)
+        for a, b in zip(loaded, saved):
+            assert_same(a, b)
+    else:
+        assert loaded == saved
+
+
+def save_alone(run_dir, epoch: int, keep: int = 10, coordinator: dict | None = None):
+    return Checkpointer(run_dir, Communicator(0, 1), keep).save(epoch, rank_state(0, epoch), coordinator)
+
+
+def epochs_on_disk(run_dir) -> list[str]:
+    return sorted(path.name for path in (run_dir / CHECKPOINTS).iterdir())
+
+
+def latest_quietly(run_dir, world_size: int = 1):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a valid newest checkpoint needs no warning
+        return find_latest(run_dir, world_size)
+
+
+# ---------------------------------------------------------------- save, find, load
+
+
+def test_no_checkpoints_found_in_a_fresh_run(tmp_path):
+    assert latest_quietly(tmp_path) is None
+
+
+def test_save_then_find_latest_returns_the_newest_and_load_rank_what_was_saved(tmp_path):
+    for epoch in (1, 2, 3):
+        path = save_alone(tmp_path, epoch, coordinator={"test": {"loss": 1.0 / epoch}})
+        assert path == tmp_path / CHECKPOINTS / f"epoch-{epoch:05d}"
+    found = latest_quietly(tmp_path)
+    assert (found.path, found.epoch) == (tmp_path / CHECKPOINTS / "epoch-00003", 3)
+    assert found.coordinator == {"test": {"loss": 1.0 / 3}, "epoch": 3, "world_size": 1}
+    assert sorted(p.name for p in found.path.iterdir()) == [COORDINATOR_FILE, "rank-00000.pt"]
+    assert_same(load_rank(found.path, 0), rank_state(0, 3))
+
+
+def test_two_ranks_on_threads_write_one_checkpoint(tmp_path):
+    def body(comm):
+        checkpointer = Checkpointer(tmp_path, comm, keep=2)
+        for epoch in (1, 2, 3):
+            checkpointer.save(epoch, rank_state(comm.rank, epoch), {"by": "coordinator"} if comm.rank == 0 else None)
+        return comm.rank
+
+    assert run_ranks(2, body) == [0, 1]
+    assert epochs_on_disk(tmp_path) == ["epoch-00002", "epoch-00003"]
+    found = latest_quietly(tmp_path, world_size=2)
+    assert found.epoch == 3 and found.coordinator == {"by": "coordinator", "epoch": 3, "world_size": 2}
+    for rank in (0, 1):
+        assert_same(load_rank(found.path, rank), rank_state(rank, 3))
+
+
+def test_a_checkpoint_of_another_world_size_is_skipped_with_a_warning(tmp_path):
+    save_alone(tmp_path, 1)
+    with pytest.warns(UserWarning, match=r"epoch-00001: written by 1 workers, this job has 2"):
+        assert find_latest(tmp_path, world_size=2) is None
+
+
+@pytest.mark.parametrize("damaged", ["rank-00000.pt", COORDINATOR_FILE])
+def test_a_truncated_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path, damaged):
+    save_alone(tmp_path, 1)
+    newest = save_alone(tmp_path, 2)
+    content = (newest / damaged).read_bytes()
+    (newest / damaged).write_bytes(content[: len(content) // 2])
+    with pytest.warns(UserWarning, match=rf"skipping damaged checkpoint .*epoch-00002/{re.escape(damaged)}: "):
+        found = find_latest(tmp_path, world_size=1)
+    assert found.epoch == 1
+    assert_same(load_rank(found.path, 0), rank_state(0, 1))
+
+
+def test_a_checkpoint_missing_a_rank_file_is_skipped(tmp_path):
+    save_alone(tmp_path, 1)
+    (save_alone(tmp_path, 2) / "rank-00000.pt").unlink()
+    with pytest.warns(UserWarning, match=r"epoch-00002/rank-00000\.pt: FileNotFoundError"):
+        assert find_latest(tmp_path, world_size=1).epoch == 1
+
+
+def test_prune_keeps_the_newest(tmp_path):
+    checkpointer = Checkpointer(tmp_path, Communicator(0, 1), keep=2)
+    for epoch in range(1, 6):
+        checkpointer.save(epoch, rank_state(0, epoch), None)
+    assert epochs_on_disk(tmp_path) == ["epoch-00004", "epoch-00005"]
+    Checkpointer(tmp_path, Communicator(0, 1), keep=1).prune()
+    assert epochs_on_disk(tmp_path) == ["epoch-00005"]
+
+
+def test_a_leftover_temporary_folder_is_ignored_then_replaced(tmp_path):
+    save_alone(tmp_path, 1)
+    leftover = tmp_path / CHECKPOINTS / ".epoch-00002.tmp"  # a writer died while saving epoch 2
+    leftover.mkdir()
+    (leftover / "rank-00000.pt").write_bytes(b"half a file")
+    (leftover / "stray").write_text("from the dead writer")
+    assert latest_quietly(tmp_path).epoch == 1
+    path = save_alone(tmp_path, 2)
+    assert not leftover.exists()
+    assert sorted(p.name for p in path.iterdir()) == [COORDINATOR_FILE, "rank-00000.pt"]
+    assert_same(load_rank(path, 0), rank_state(0, 2))
+    assert epochs_on_disk(tmp_path) == ["epoch-00001", "epoch-00002"]
+
+
+def test_saving_the_same_epoch_again_replaces_its_folder(tmp_path):
+    first = save_alone(tmp_path, 2, coordinator={"attempt": 1})
+    (first / "stray").write_text("from the first attempt")
+    checkpointer = Checkpointer(tmp_path, Communicator(0, 1), keep=10)
+    again = checkpointer.save(2, rank_state(0, 7), {"attempt": 2})  # redone after a restart, other numbers
+    assert again == first
+    assert sorted(p.name for p in again.iterdir()) == [COORDINATOR_FILE, "rank-00000.pt"]
+    assert_same(load_rank(again, 0), rank_state(0, 7))
+    assert latest_quietly(tmp_path).coordinator["attempt"] == 2
+
+
+# ---------------------------------------------------------------- random generators
+
+
+def draws() -> tuple:
+    return (torch.rand(4), torch.randint(0, 1000, (3,)), np.random.rand(3), np.random.standard_normal(3),
+            random.random(), random.gauss(0, 1), random.randrange(10**9))
+
+
+def test_random_state_round_trip_through_a_checkpoint(tmp_path):
+    torch.manual_seed(3)
+    np.random.seed(4)
+    random.seed(5)
+    draws()  # a cached Gaussian in numpy and in Python, part of the state
+    path = Checkpointer(tmp_path, Communicator(0, 1), keep=1).save(1, {"random": random_state(CPU)}, None)
+    expected = draws()
+    draws()  # move every generator on
+    restore_random_state(load_rank(path, 0)["random"], CPU)  # through torch.load(weights_only=True)
+    again = draws()
+    assert torch.equal(again[0], expected[0]) and torch.equal(again[1], expected[1])
+    assert np.array_equal(again[2], expected[2]) and np.array_equal(again[3], expected[3])
+    assert again[4:] == expected[4:]
+
+
+def test_random_state_without_numpy_and_python_restores_torch_only():
+    torch.manual_seed(8)
+    state = {"torch": random_state(CPU)["torch"]}
+    expected = torch.rand(3)
+    random.seed(1)
+    before = random.random()
+    random.seed(1)
+    restore_random_state(state, CPU)
+    assert torch.equal(torch.rand(3), expected)
+    assert random.random() == before  # Python's generator left as it was
+
+
+# ---------------------------------------------------------------- resuming a changed job
+
+
+def job(**train):
+    return from_dict({
+        "model": {"input": [4], "layers": [{"dense": 3}]},
+        "data": {"train": "/nowhere/train"},
+        "algorithm": {"name": "averaging", "period": "epoch"},
+        "train": {"batch_size": 16, "optimizer": {"name": "adam", "lr": 0.01}, "seed": 3, **train},
+    })
+
+
+def test_fingerprint_names_what_a_resumed_job_must_share():
+    assert fingerprint(job(), SPEC, ROWS, 2) == {
+        "cluster.workers": 2,
+        "algorithm": {"name": "averaging", "period": "epoch"},
+        "model": SPEC,
+        "train.optimizer.name": "adam",
+        "train.batch_size": 16,
+        "train.seed": 3,
+        "data.train": ROWS,
+    }
+
+
+def save_with_fingerprint(run_dir, epoch: int, recorded: dict) -> None:
+    save_alone(run_dir, epoch, coordinator={"test": {}, "fingerprint": recorded})
+
+
+def test_the_same_job_may_resume(tmp_path):
+    check_resumable(tmp_path, job(), SPEC, ROWS, 1)  # nothing written yet
+    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, ROWS, 1))
+    check_resumable(tmp_path, job(), SPEC, ROWS, 1)
+    check_resumable(tmp_path, job(epochs=50), SPEC, ROWS, 1)  # more epochs is what resuming is for
+
+
+def test_a_changed_batch_size_is_refused_naming_the_key(tmp_path):
+    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, ROWS, 1))
+    with pytest.raises(ConfigError) as caught:
+        check_resumable(tmp_path, job(batch_size=32), SPEC, ROWS, 1)
+    assert str(caught.value) == (f"train.batch_size: the checkpoints in {tmp_path / CHECKPOINTS} were written with "
+                                 "another value (16, now 32); resume with the same one")
+
+
+def test_a_changed_worker_count_is_refused(tmp_path):
+    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, ROWS, 1))
+    with pytest.raises(ConfigError, match=r"epoch-00001: written by 1 workers; resume with the same count "
+                                          r"\(--workers 1 per machine for a one-machine job\), not 4"):
+        check_resumable(tmp_path, job(), SPEC, ROWS, 4)
+
+
+@pytest.mark.parametrize(("key", "train", "spec", "rows", "what"), [
+    ("data.train", {}, SPEC, 999, "rows (1000, now 999)"),
+    ("train.seed", {"seed": 4}, SPEC, ROWS, "value (3, now 4)"),
+    ("train.optimizer.name", {"optimizer": {"name": "sgd", "lr": 0.01}}, SPEC, ROWS, "value ('adam', now 'sgd')"),
+    ("model", {}, {"input": [4], "layers": [{"dense": 5}]}, ROWS, "value ("),
+])
+def test_other_changes_are_refused_naming_the_key(tmp_path, key, train, spec, rows, what):
+    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, ROWS, 1))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: .* another {re.escape(what)}"):
+        check_resumable(tmp_path, job(**train), spec, rows, 1)
+
+
+def test_checkpoints_without_a_fingerprint_check_the_worker_count_only(tmp_path):
+    save_alone(tmp_path, 1)
+    check_resumable(tmp_path, job(batch_size=64), SPEC, ROWS, 1)
+    with pytest.raises(ConfigError, match="written by 1 workers"):
+        check_resumable(tmp_path, job(), SPEC, ROWS, 2)
+
+
+def test_resumability_is_read_from_the_newest_readable_checkpoint(tmp_path):
+    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, ROWS, 1))
+    newest = save_alone(tmp_path, 2, coordinator={"fingerprint": fingerprint(job(batch_size=8), SPEC, ROWS, 1)})
+    with pytest.raises(ConfigError, match=r"another value \(8, now 16\)"):
+        check_resumable(tmp_path, job(), SPEC, ROWS, 1)
+    (newest / COORDINATOR_FILE).write_bytes(b"")  # damaged: the one before decides
+    check_resumable(tmp_path, job(), SPEC, ROWS, 1)
+    shutil.rmtree(tmp_path / CHECKPOINTS)
+    check_resumable(tmp_path, job(batch_size=8), SPEC, ROWS, 1)
