@@ -34,6 +34,7 @@ from benchmarks.common import (
     write_result,
 )
 from shoal.data.format import open_dataset
+from shoal.events import History
 
 SHARED_A9A = ROOT.parent / "shared" / "data" / "a9a"
 
@@ -114,23 +115,22 @@ seed = 0
     return path
 
 
-def summarize(events: list[dict]) -> dict:
+def summarize(history: History) -> dict:
     """What one run says: accuracy, time per epoch, rates, and the server's staleness."""
-    start = next(e for e in events if e["event"] in ("job_start", "job_resumed"))
-    ends = [e for e in events if e["event"] == "epoch_end"]
+    start, ends = history.start, history.epochs
     final = ends[-1]
     summary = {
-        "accuracy": final["test"].get("accuracy"),
-        "test_loss": final["test"].get("loss"),
-        "accuracy_per_epoch": [e["test"].get("accuracy") for e in ends],
-        "seconds_per_epoch": median(epoch_seconds(events)),
-        "samples_per_second": median([e["samples_per_second"] for e in ends[1:] or ends]),
-        "communication": median([e["seconds_split"]["communication"] for e in ends[1:] or ends]),
-        "threads": start.get("threads"),
-        "trainers": start.get("trainers"),
-        "train_loss": final["train_loss"],
+        "accuracy": final.test.get("accuracy"),
+        "test_loss": final.test.get("loss"),
+        "accuracy_per_epoch": [e.test.get("accuracy") for e in ends],
+        "seconds_per_epoch": median(epoch_seconds(history)),
+        "samples_per_second": median([e.samples_per_second for e in ends[1:] or ends]),
+        "communication": median([e.seconds_split.communication for e in ends[1:] or ends]),
+        "threads": start.threads,
+        "trainers": start.trainers,
+        "train_loss": final.train_loss,
     }
-    reports = [e["algorithm"] for e in ends if e.get("algorithm", {}).get("updates")]
+    reports = [e.algorithm for e in ends if (e.algorithm or {}).get("updates")]
     if reports:
         updates = sum(r["updates"] for r in reports)
         summary["updates"] = updates
@@ -143,10 +143,10 @@ def train_once(job: Path, run_dir: Path, processes: int) -> dict:
     """One `shoal train` with `processes` local processes; a failed run is recorded, not fatal."""
     began = time.perf_counter()
     try:
-        events = shoal_train(job, run_dir, "--workers", str(processes))
+        history = shoal_train(job, run_dir, "--workers", str(processes))
     except subprocess.CalledProcessError as error:
         return {"failed": f"exit status {error.returncode}", "wall_seconds": time.perf_counter() - began}
-    return {**summarize(events), "wall_seconds": time.perf_counter() - began}
+    return {**summarize(history), "wall_seconds": time.perf_counter() - began}
 
 
 def plot(path: Path, dataset: str, rows: list[dict], algorithms: list[str], workers: list[int], epochs: int) -> None:

@@ -15,10 +15,7 @@ import time
 
 from benchmarks.common import WORK, epoch_seconds, machine, machine_line, median, shoal_train, write_result
 from shoal.data.synthetic import synth_digits
-
-
-def one(events: list[dict], kind: str) -> dict:
-    return next(e for e in events if e["event"] == kind)
+from shoal.events import DataLoaded
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,13 +54,13 @@ every = 0
     for round_ in range(args.rounds):
         for name, options in settings.items():
             run_dir = folder / f"run-{round_}-{len(options)}-{time.time_ns()}"
-            events = shoal_train(job, run_dir, "--workers", str(args.workers), "--set", "cluster.threads=1", *options)
-            seconds = epoch_seconds(events)
-            end = one(events, "job_end")
+            history = shoal_train(job, run_dir, "--workers", str(args.workers), "--set", "cluster.threads=1",
+                                  *options)
+            seconds = epoch_seconds(history)
             results[name]["epoch"] += seconds
-            results[name]["load"].append(one(events, "data_loaded")["seconds"])
-            results[name]["added"].append(max(m["peak"] - m["before_data"] for m in end["memory"]))
-            results[name]["loss"].append([e for e in events if e["event"] == "epoch_end"][-1]["train_loss"])
+            results[name]["load"].append(history.last(DataLoaded).seconds)
+            results[name]["added"].append(max(m.peak - m.before_data for m in history.end.memory))
+            results[name]["loss"].append(history.epochs[-1].train_loss)
             print(f"round {round_}  {name:26s} epochs {[round(s, 2) for s in seconds]}", flush=True)
 
     plain, budgeted = (median(results[name]["epoch"]) for name in settings)

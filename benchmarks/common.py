@@ -11,6 +11,7 @@ from pathlib import Path
 
 from shoal.bench.machine import describe
 from shoal.bench.machine import machine_line as describe_line
+from shoal.events import History, read_history
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -42,18 +43,17 @@ def write_result(name: str, markdown: str, data: dict) -> Path:
     return path
 
 
-def shoal_train(job: Path, run_dir: Path, *arguments: str) -> list[dict]:
+def shoal_train(job: Path, run_dir: Path, *arguments: str) -> History:
     """Run `shoal train` and return its events."""
     command = [sys.executable, "-m", "shoal", "train", str(job), "--run-dir", str(run_dir), *arguments,
                "--set", "output.progress='none'"]
     subprocess.run(command, check=True, cwd=ROOT)
-    with open(run_dir / "events.jsonl") as handle:
-        return [json.loads(line) for line in handle]
+    return read_history(run_dir)
 
 
-def epoch_seconds(events: list[dict], skip_first: bool = True) -> list[float]:
+def epoch_seconds(history: History, skip_first: bool = True) -> list[float]:
     """Seconds of each epoch's training (evaluation excluded), the first dropped as warm-up."""
-    seconds = [e["seconds"] for e in events if e["event"] == "epoch_end"]
+    seconds = [epoch.seconds for epoch in history.epochs]
     return seconds[1:] if skip_first and len(seconds) > 1 else seconds
 
 

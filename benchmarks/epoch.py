@@ -75,14 +75,13 @@ optimizer = {{ name = "sgd", lr = 0.5, momentum = 0.9 }}
     for batch in batches:
         for label, workers, threads, algorithm in LAYOUTS:
             run_dir = folder / f"run-{batch}-{workers}x{threads}-{algorithm}-{time.time_ns()}"
-            events = shoal_train(job, run_dir, "--workers", str(workers), "--set", f"cluster.threads={threads}",
-                                 "--set", f"algorithm.name='{algorithm}'", "--set", f"train.batch_size={batch}")
-            seconds = median(epoch_seconds(events)) * 1_000_000 / args.rows
-            final = [e for e in events if e["event"] == "epoch_end"][-1]
+            history = shoal_train(job, run_dir, "--workers", str(workers), "--set", f"cluster.threads={threads}",
+                                  "--set", f"algorithm.name='{algorithm}'", "--set", f"train.batch_size={batch}")
+            seconds = median(epoch_seconds(history)) * 1_000_000 / args.rows
+            final = history.epochs[-1]
             rows.append({"batch": batch, "layout": label, "workers": workers, "threads": threads,
                          "algorithm": algorithm, "seconds_per_million": seconds,
-                         "communication": final["seconds_split"]["communication"],
-                         "train_loss": final["train_loss"]})
+                         "communication": final.seconds_split.communication, "train_loss": final.train_loss})
             print(f"batch {batch:5d}  {label:34s} {seconds:7.2f} s per epoch of 1M rows", flush=True)
 
     def find(batch, label):

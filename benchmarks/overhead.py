@@ -96,8 +96,8 @@ threads = {args.threads}
 """)
     shoal_times, loop_times = [], []
     for round_number in range(args.rounds):  # interleaved, so drift in the machine hits both
-        events = shoal_train(job, folder / f"run{round_number}", "--workers", "1")
-        shoal_times += epoch_seconds(events)
+        history = shoal_train(job, folder / f"run{round_number}", "--workers", "1")
+        shoal_times += epoch_seconds(history)
         loop_times += hand_written_in_fresh_process(folder / "train", args.batch, args.epochs, args.threads)[1:]
     shoal_median, loop_median = median(shoal_times), median(loop_times)
     ratio = shoal_median / loop_median

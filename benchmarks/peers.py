@@ -83,16 +83,16 @@ def run_shoal(task: str, algorithm: str, workers: int, train: Path, test: Path, 
     run_dir = FOLDER / f"run-{task}-{algorithm}-{workers}-{time.time_ns()}"
     launched = time.time()
     try:
-        events = shoal_train(job, run_dir, "--workers", str(workers), "--set", "cluster.threads=1",
-                             "--set", f'train.optimizer={{ name = "adam", lr = {TASKS[task]["lr"]}, eps = 1e-8 }}')
+        history = shoal_train(job, run_dir, "--workers", str(workers), "--set", "cluster.threads=1",
+                              "--set", f'train.optimizer={{ name = "adam", lr = {TASKS[task]["lr"]}, eps = 1e-8 }}')
     except subprocess.CalledProcessError as error:
         return {"failed": f"exit status {error.returncode}", "wall_seconds": time.time() - launched}
-    first = next(e for e in events if e["event"] == "epoch_end")
-    training_started = first["time"] - first["seconds"] - first["seconds_split"]["evaluation"]
-    summary = summarize(events)
+    first = history.epochs[0]
+    training_started = first.time - first.seconds - first.seconds_split.evaluation
+    summary = summarize(history)
     return {"accuracy": summary["accuracy"], "seconds_per_epoch": summary["seconds_per_epoch"],
-            "epoch_seconds": [e["seconds"] for e in events if e["event"] == "epoch_end"],
-            "epochs_run": sum(e["event"] == "epoch_end" for e in events), "threads": summary["threads"],
+            "epoch_seconds": [e.seconds for e in history.epochs],
+            "epochs_run": len(history.epochs), "threads": summary["threads"],
             "setup_seconds": training_started - launched, "wall_seconds": time.time() - launched}
 
 

@@ -12,11 +12,11 @@ from shoal.cluster.env import threads_per_worker
 from shoal.cluster.launch import Interrupted, Nodes, launch
 from shoal.config import JobConfig, apply_overrides
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
+from shoal.events import EpochEnd, JobEnd, JobRestarted, WorkerFailed, append_event, read_history
 from shoal.jobs import from_dict, load_job
 from shoal.train.artifacts import load_model
 from shoal.train.checkpoint import check_resumable, find_latest
 from shoal.train.directory import JOB_FILE, new_run_dir, write_job_file
-from shoal.train.events import append_event, read_events
 from shoal.train.prepare import check_world_size, prepare
 
 
@@ -30,8 +30,8 @@ class FitResult:
     """The trained model, in eval mode."""
     run_dir: Path
     """Where the job wrote its events, resolved job file and model."""
-    epochs: list[dict] = field(default_factory=list)
-    """The `epoch_end` records of events.jsonl."""
+    epochs: list[EpochEnd] = field(default_factory=list)
+    """The `epoch_end` events (shoal.events.EpochEnd), an epoch redone after a restart included."""
 
 
 def resolve_job(job: str | Path | JobConfig | dict, overrides=(), workers: int | None = None) -> JobConfig:
@@ -74,22 +74,22 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
             return
         except WorkerError as error:
             if coordinator_here:
-                append_event(run_dir, "worker_failed", **getattr(error, "fields", {"message": str(error)}))
+                append_event(run_dir, error.failure or WorkerFailed(message=str(error)))
             if error.exit_code == EXIT_USAGE or restarts >= max_restarts:
                 if coordinator_here:
-                    append_event(run_dir, "job_end", status="failed", message=str(error))
+                    append_event(run_dir, JobEnd(status="failed", message=str(error)))
                 raise
             restarts += 1
             resume = True
             if coordinator_here:
                 found = find_latest(run_dir, world_size)
                 from_epoch = found.epoch if found else 0
-                reached = max((e["epoch"] for e in read_events(run_dir) if e["event"] == "epoch_end"), default=0)
-                append_event(run_dir, "job_restarted", restart=restarts, from_epoch=from_epoch,
-                             epochs_redone=reached + 1 - from_epoch)
+                reached = read_history(run_dir).reached_epoch()
+                append_event(run_dir, JobRestarted(restart=restarts, from_epoch=from_epoch,
+                                                   epochs_redone=reached + 1 - from_epoch))
         except Interrupted as interrupt:
             if coordinator_here:
-                append_event(run_dir, "job_end", status="interrupted", message=str(interrupt))
+                append_event(run_dir, JobEnd(status="interrupted", message=str(interrupt)))
             raise
 
 
@@ -115,7 +115,6 @@ def resume(run_dir: str | Path, *, overrides=(), max_restarts: int = 0) -> FitRe
 
 
 def result(run_dir: str | Path) -> FitResult:
-    events = list(read_events(run_dir))
-    end = next((e for e in reversed(events) if e["event"] == "job_end"), {})
-    return FitResult(metrics=end.get("test", {}), model=load_model(run_dir), run_dir=Path(run_dir),
-                     epochs=[e for e in events if e["event"] == "epoch_end"])
+    history = read_history(run_dir)
+    metrics = history.end.test if history.end is not None else {}
+    return FitResult(metrics=metrics, model=load_model(run_dir), run_dir=Path(run_dir), epochs=history.epochs)

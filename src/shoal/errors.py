@@ -26,3 +26,5 @@ class WorkerError(ShoalError):
     """A worker process of a job failed; the message names its rank and host."""
 
     exit_code = 1
+    failure = None
+    """The root cause as a `shoal.events.WorkerFailed`, when the launcher found one."""

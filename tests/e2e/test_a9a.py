@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.train.events import read_events
+from shoal.events import read_events
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from shoal.data.synthetic import synth_digits
-from shoal.train.events import read_events
+from shoal.events import read_events
 from tests.e2e.jobs import write_job
 
 TIMEOUT = 240

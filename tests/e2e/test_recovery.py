@@ -13,8 +13,8 @@ import psutil
 import pytest
 import torch
 
+from shoal.events import read_events
 from shoal.train.checkpoint import find_latest
-from shoal.train.events import read_events
 from tests.e2e.jobs import write_job as write_task_job
 from tests.e2e.jobs import write_task
 

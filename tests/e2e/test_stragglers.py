@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.train.events import read_events
+from shoal.events import read_events
 from tests.e2e.jobs import write_job, write_task
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import pytest
 
 import shoal
 from shoal.data.format import open_dataset
-from shoal.train.events import read_events
+from shoal.events import read_events
 from tests.distributed.harness import free_port
 from tests.e2e.jobs import write_job, write_task
 
@@ -93,7 +93,7 @@ def test_fit_returns_metrics_and_model(task, tmp_path, monkeypatch):
     assert sum(p.numel() for p in result.model.parameters()) == 20 * 16 + 16 + 16 * 2 + 2
 
     longer = shoal.resume(result.run_dir, overrides=["train.epochs=3"])  # one more epoch from the checkpoint
-    assert [e["epoch"] for e in longer.epochs] == [1, 2, 3]
+    assert [e.epoch for e in longer.epochs] == [1, 2, 3]
     assert longer.metrics["accuracy"] > 0.8
 
 

@@ -17,6 +17,8 @@ PACKAGE = SOURCE / "shoal"
 # What each layer may not import (a prefix match on module names), lowest layer first.
 FORBIDDEN = {
     "shoal.errors": ("shoal.",),
+    "shoal.events": ("shoal.config", "shoal.algorithms", "shoal.train", "shoal.cluster", "shoal.data", "shoal.api",
+                     "shoal.cli", "shoal.jobs", "shoal.worker", "shoal.bench"),
     "shoal.config": ("shoal.algorithms", "shoal.train", "shoal.cluster", "shoal.data", "shoal.api", "shoal.jobs"),
     "shoal.cluster": ("shoal.algorithms", "shoal.train", "shoal.api", "shoal.cli", "shoal.jobs", "shoal.worker"),
     "shoal.data": ("shoal.algorithms", "shoal.train", "shoal.cluster", "shoal.api", "shoal.cli", "shoal.worker"),
@@ -141,3 +143,28 @@ def test_collective_algorithms_have_no_server_hooks():
     server_only = ("plan", "serve_epoch", "trainer_ranks", "role", "links", "on_update", "step")
     assert not [hook for hook in server_only if hasattr(CollectiveAlgorithm, hook)]
     assert all(hasattr(ServerAlgorithm, hook) for hook in ("plan", "serve_epoch", "trainer_ranks", "role"))
+
+
+EVENT_READERS = sorted([*(path for path in PACKAGE.rglob("*.py") if path != PACKAGE / "events.py"),
+                        *(SOURCE.parent / "benchmarks").glob("*.py")])
+
+
+def test_event_kinds_are_named_only_in_the_events_module():
+    from shoal.events import KINDS
+
+    named = [f"{path.relative_to(SOURCE.parent)}:{node.lineno} {node.value!r}"
+             for path in EVENT_READERS for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Constant) and node.value in KINDS]
+    assert not named
+
+
+def test_runs_are_read_as_typed_events():
+    """`read_events` gives the records as stored (for tests of the format); shoal itself reads a History."""
+    raw = [str(path.relative_to(SOURCE.parent)) for path in EVENT_READERS
+           if "read_events" in imported_names(path)]
+    assert not raw
+
+
+def imported_names(path: Path) -> set[str]:
+    return {alias.name for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) for alias in node.names}

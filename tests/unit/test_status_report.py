@@ -20,7 +20,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def epoch_end(epoch: int, at: float, seconds: float, rates: list[float], train_loss: float,
               test: dict | None = None, steps_per_epoch: int = 100) -> dict:
-    """An `epoch_end` record shaped like run.epoch_record's."""
+    """An `epoch_end` record as stored (shaped like coordinator.epoch_record's)."""
     samples = 3200
     return {
         "event": "epoch_end", "time": at, "epoch": epoch, "step": epoch * steps_per_epoch,
@@ -102,18 +102,18 @@ def running(tmp_path) -> Path:
 
 def test_finished_run_summary(finished):
     summary = summarize(finished, now=1_000_000.0)  # long after: a finished run is never "stalled?"
-    assert summary["state"] == "completed"
-    assert (summary["job"], summary["algorithm"], summary["world_size"]) == ("demo", "averaging", 2)
-    assert (summary["epoch"], summary["epochs"], summary["step"]) == (3, 3, 300)
-    assert summary["train_loss"] == KEPT[3][1]
-    assert summary["test"] == KEPT[3][2]
-    assert summary["samples_per_second"] == pytest.approx(3200 / KEPT[3][0])
-    assert summary["eta_seconds"] is None and summary["elapsed_seconds"] == pytest.approx(1048.0 - 1000.0)
-    assert [(w["rank"], w["steps_per_second"], w["slowest"]) for w in summary["workers"]] == [
+    assert summary.state == "completed"
+    assert (summary.job, summary.algorithm, summary.world_size) == ("demo", "averaging", 2)
+    assert (summary.epoch, summary.epochs, summary.step) == (3, 3, 300)
+    assert summary.train_loss == KEPT[3][1]
+    assert summary.test == KEPT[3][2]
+    assert summary.samples_per_second == pytest.approx(3200 / KEPT[3][0])
+    assert summary.eta_seconds is None and summary.elapsed_seconds == pytest.approx(1048.0 - 1000.0)
+    assert [(w.rank, w.steps_per_second, w.slowest) for w in summary.workers] == [
         (0, 43.0, False), (1, 36.0, True)]
-    assert summary["restarts"] == 1
-    assert summary["last_failure"]["rank"] == 1 and summary["last_failure"]["signal"] == "SIGKILL"
-    assert summary["checkpoints"] == 3 and summary["last_checkpoint"]["epoch"] == 3
+    assert summary.restarts == 1
+    assert summary.last_failure.rank == 1 and summary.last_failure.signal == "SIGKILL"
+    assert summary.checkpoints == 3 and summary.last_checkpoint.epoch == 3
 
     text = render(summary)
     assert "completed" in text and "job demo" in text and "algorithm averaging" in text
@@ -127,16 +127,16 @@ def test_finished_run_summary(finished):
 
 def test_running_run_summary_and_eta(running):
     summary = summarize(running, now=2065.0)
-    assert summary["state"] == "running"
-    assert (summary["epoch"], summary["epochs"], summary["step"], summary["step_in_epoch"]) == (3, 5, 225, 25)
+    assert summary.state == "running"
+    assert (summary.epoch, summary.epochs, summary.step, summary.step_in_epoch) == (3, 5, 225, 25)
     mean_epoch = (20.0 + 30.0) / 2
     expected = (5 - 2) * mean_epoch - 25 / 100 * mean_epoch  # remaining epochs minus this epoch's progress
-    assert summary["eta_seconds"] == pytest.approx(expected)
-    assert summary["elapsed_seconds"] == pytest.approx(2065.0 - 2000.0)
-    assert summary["train_loss"] == 0.6 and summary["step_loss"] == 0.41
-    assert summary["test"] == {"loss": 0.58, "accuracy": 0.66} and summary["test_epoch"] == 2
-    assert [w["slowest"] for w in summary["workers"]] == [False, True]
-    assert summary["restarts"] == 0 and summary["last_failure"] is None and summary["checkpoints"] == 0
+    assert summary.eta_seconds == pytest.approx(expected)
+    assert summary.elapsed_seconds == pytest.approx(2065.0 - 2000.0)
+    assert summary.train_loss == 0.6 and summary.step_loss == 0.41
+    assert summary.test == {"loss": 0.58, "accuracy": 0.66} and summary.test_epoch == 2
+    assert [w.slowest for w in summary.workers] == [False, True]
+    assert summary.restarts == 0 and summary.last_failure is None and summary.checkpoints == 0
 
     text = render(summary)
     assert "running" in text and "epoch 3/5 under way  step 225 (25/100 in this epoch)" in text
@@ -154,14 +154,14 @@ def test_first_epoch_eta_uses_its_pace(tmp_path):
     ])
     summary = summarize(run, now=113.0)
     epoch_pace = (112.0 - 102.0) / 0.5  # 10 s for half an epoch
-    assert summary["eta_seconds"] == pytest.approx((4 - 0.5) * epoch_pace)
-    assert summary["workers"] == [] and summary["train_loss"] is None
+    assert summary.eta_seconds == pytest.approx((4 - 0.5) * epoch_pace)
+    assert summary.workers == [] and summary.train_loss is None
     assert "epoch 1/4" in render(summary)
 
 
 def test_quiet_run_is_stalled(running):
     summary = summarize(running, now=2060.0 + STALL_SECONDS + 1)
-    assert summary["state"] == "stalled?" and summary["eta_seconds"] is None
+    assert summary.state == "stalled?" and summary.eta_seconds is None
     assert "stalled?" in render(summary)
 
 
@@ -173,8 +173,8 @@ def test_failed_run(tmp_path):
         {"event": "job_end", "time": 106.0, "status": "failed", "message": "worker 0 failed"},
     ])
     summary = summarize(run, now=10_000.0)
-    assert summary["state"] == "failed" and summary["eta_seconds"] is None
-    assert summary["elapsed_seconds"] == pytest.approx(106.0 - 100.0)
+    assert summary.state == "failed" and summary.eta_seconds is None
+    assert summary.elapsed_seconds == pytest.approx(106.0 - 100.0)
     text = render(summary)
     assert "failed" in text and "worker 0 failed" in text and "exit code 1: ValueError: bad" in text
     report = write_report(run).read_text()
@@ -191,9 +191,9 @@ def test_resumed_run_goes_on_from_its_checkpoint(tmp_path):
         {**job_start(500.0, 4), "event": "job_resumed", "from_epoch": 1, "world_size": 3},
     ])
     summary = summarize(run, now=501.0)
-    assert summary["state"] == "running" and summary["epoch"] == 1 and summary["world_size"] == 3
-    assert summary["eta_seconds"] == pytest.approx((4 - 1) * 10.0)
-    assert summary["restarts"] == 0
+    assert summary.state == "running" and summary.epoch == 1 and summary.world_size == 3
+    assert summary.eta_seconds == pytest.approx((4 - 1) * 10.0)
+    assert summary.restarts == 0
     assert "- resumed from epoch 1's checkpoint" in write_report(run).read_text()
 
 
@@ -215,7 +215,7 @@ def test_watch_redraws_until_the_job_ends(running):
 
     stream = io.StringIO()
     summary = watch(running, 0.5, stream=stream, sleep=sleep)
-    assert naps == [0.5] and summary["state"] == "completed"
+    assert naps == [0.5] and summary.state == "completed"
     assert stream.getvalue().count("job demo") == 2
 
 
@@ -223,7 +223,7 @@ def test_watch_stops_quietly_on_ctrl_c(running):
     def sleep(seconds):
         raise KeyboardInterrupt
 
-    assert watch(running, 1.0, stream=io.StringIO(), sleep=sleep)["epochs"] == 5
+    assert watch(running, 1.0, stream=io.StringIO(), sleep=sleep).epochs == 5
 
 
 # ---------------------------------------------------------------- report

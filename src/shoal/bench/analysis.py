@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 from shoal.bench.statistics import AnovaRow, Comparison, Threshold, letter_groups, one_way_anova, thresholds, tukey_hsd
 from shoal.errors import ConfigError
+from shoal.events import SPLIT_PARTS
 
-SPLIT = ("compute", "communication", "data", "evaluation")
+SPLIT = SPLIT_PARTS  # the CSV has a `<part>_seconds` column for each part of an epoch
 MEASURES = ("train_seconds", "job_seconds", "wall_seconds")
 
 

@@ -100,7 +100,7 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
 def run_trial(job: JobConfig, out: Path, size: Size, workers: int, trial: int, available: int) -> dict:
     """One fresh job; its row for the CSV. A run directory left by an interrupted trial is removed first."""
     from shoal.api import resolve_job, start
-    from shoal.train.events import read_events
+    from shoal.events import SPLIT_PARTS, DataLoaded, read_history
 
     run_dir = out / "runs" / size.label.replace(":", "-") / f"w{workers}-t{trial}"
     if run_dir.exists():
@@ -117,21 +117,18 @@ def run_trial(job: JobConfig, out: Path, size: Size, workers: int, trial: int, a
         shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted trial leaves nothing to mistake for one
         raise
     wall = time.perf_counter() - began
-    events = list(read_events(run_dir))
-    epochs = [event for event in events if event["event"] == "epoch_end"]
-    loaded = next(event for event in events if event["event"] == "data_loaded")
-    end = next(event for event in events if event["event"] == "job_end")
-    split = {part: sum(epoch["seconds_split"][part] for epoch in epochs)
-             for part in ("compute", "communication", "data", "evaluation")}
-    train_seconds = sum(epoch["seconds"] for epoch in epochs)
-    test = end.get("test", {})
+    history = read_history(run_dir)
+    epochs, loaded, end = history.epochs, history.last(DataLoaded), history.end
+    split = {part: sum(epoch.seconds_split.parts()[part] for epoch in epochs) for part in SPLIT_PARTS}
+    train_seconds = sum(epoch.seconds for epoch in epochs)
+    test = end.test
     return {
         "size": size.label, "rows": size.rows, "workers": workers, "trial": trial,
         "threads": threads_per_worker(config.cluster.threads, workers), "cores": available,
-        "train_seconds": train_seconds, "job_seconds": end["seconds"], "load_seconds": loaded["seconds"],
+        "train_seconds": train_seconds, "job_seconds": end.seconds, "load_seconds": loaded.seconds,
         "wall_seconds": wall, **{f"{part}_seconds": seconds for part, seconds in split.items()},
-        "epochs": len(epochs), "samples_per_second": sum(epoch["samples"] for epoch in epochs) / train_seconds,
-        "train_loss": epochs[-1]["train_loss"], "test_loss": test.get("loss"), "test_accuracy": test.get("accuracy"),
+        "epochs": len(epochs), "samples_per_second": sum(epoch.samples for epoch in epochs) / train_seconds,
+        "train_loss": epochs[-1].train_loss, "test_loss": test.get("loss"), "test_accuracy": test.get("accuracy"),
         "test_auc": test.get("auc"), "run_dir": os.path.relpath(run_dir, out),
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
     }

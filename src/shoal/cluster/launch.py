@@ -23,6 +23,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from shoal.cluster.heartbeat import HEARTBEAT_SECONDS, fell_silent
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
+from shoal.events import WorkerFailed
 
 SHUTDOWN_SECONDS = 5  # after SIGTERM, how long workers get before SIGKILL
 
@@ -119,7 +120,7 @@ def _signal_name(number: int) -> str:
 
 
 def describe_failure(error: ChildFailedError, run_dir: Path) -> WorkerError:
-    """The root cause among failed workers, as one line and as fields for the events.
+    """The root cause among failed workers, as one line and as the `worker_failed` event.
 
     A worker that stopped answering makes another one's collective time out: the heartbeats
     name the one that went quiet first. Otherwise a worker that raised is preferred over ones
@@ -148,6 +149,6 @@ def describe_failure(error: ChildFailedError, run_dir: Path) -> WorkerError:
         rank, host = quiet["rank"], quiet["host"]
     worker_error = WorkerError(text)
     worker_error.exit_code = EXIT_USAGE if failure.exitcode == EXIT_USAGE else 1
-    worker_error.fields = {"rank": rank, "host": host, "exit_code": failure.exitcode, "signal": signal_name,
-                           "message": message}
+    worker_error.failure = WorkerFailed(rank=rank, host=host, exit_code=failure.exitcode, signal=signal_name,
+                                        message=message)
     return worker_error

@@ -1,1 +1,1 @@
-"""Training: the loop, evaluation, the job runner, events, progress and saved models."""
+"""Training: the runner and coordinator, the loop, evaluation, checkpoints, progress, status and reports."""

@@ -7,6 +7,7 @@ coordinator's records without a process group.
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import time
 from pathlib import Path
@@ -19,12 +20,24 @@ import shoal
 from shoal.algorithms import Algorithm
 from shoal.config import JobConfig
 from shoal.data.loader import Converter
+from shoal.events import (
+    Checkpoint,
+    DataLoaded,
+    EpochEnd,
+    EventLog,
+    JobEnd,
+    JobStart,
+    Progress,
+    SecondsSplit,
+    WorkerEpoch,
+    WorkerMemory,
+    read_history,
+)
 from shoal.train.artifacts import save_model
-from shoal.train.events import EventLog, read_events
 from shoal.train.loop import EpochStats
 from shoal.train.objective import evaluate
 from shoal.train.prepare import Prepared
-from shoal.train.progress import Progress
+from shoal.train.progress import ProgressDisplay
 from shoal.train.validation import Validator
 
 PROGRESS_SECONDS = 5.0  # how often the coordinator records the step it is at
@@ -42,7 +55,7 @@ class Coordinator:
                  device: torch.device):
         self.job, self.run_dir, self.prepared, self.model, self.device = job, run_dir, prepared, model, device
         self.events = EventLog(run_dir)
-        self.progress: Progress | None = None
+        self.progress: ProgressDisplay | None = None
         self.validator: Validator | None = None
         self.test_rows = self.convert = None
         self.final: dict = {}  # the latest test metrics
@@ -57,14 +70,13 @@ class Coordinator:
         self.convert = Converter(test_set.feature_dtype, prepared.spec["input"], self.device,
                                  prepared.objective.label_dtype)
 
-    def announce(self, start_epoch: int, details: dict, load_seconds: list[float], holdings: list) -> None:
+    def announce(self, start_epoch: int, details: JobStart, load_seconds: list[float], holdings: list) -> None:
         """The job's start (or resumption) and its data load; the progress display and validation begin."""
-        started_before = any(e["event"] == "job_start" for e in read_events(self.run_dir))
-        self.events.write("job_resumed" if started_before else "job_start", from_epoch=start_epoch,
-                          versions=versions(), **details)
-        self.events.write("data_loaded", seconds=max(load_seconds), per_rank=load_seconds, shares=holdings)
-        self.progress = Progress(self.job.output.progress, self.job.train.epochs, details["steps_per_epoch"],
-                                 enabled=True)
+        start = dataclasses.replace(details, from_epoch=start_epoch, versions=versions())
+        self.events.write(start.resumed() if read_history(self.run_dir).started() else start)
+        self.events.write(DataLoaded(seconds=max(load_seconds), per_rank=load_seconds, shares=holdings))
+        self.progress = ProgressDisplay(self.job.output.progress, self.job.train.epochs, details.steps_per_epoch,
+                                        enabled=True)
         if self.test_rows is not None:
             self.validator = Validator.from_job(self.job, self.prepared, self.model, self.test_rows, self.convert,
                                                 self.events)
@@ -78,8 +90,8 @@ class Coordinator:
         self.offer(step)
         if time.monotonic() - self.last_record >= PROGRESS_SECONDS:
             self.last_record = time.monotonic()
-            self.events.write("progress", epoch=epoch + 1, step=step, step_in_epoch=step - epoch * steps_per_epoch,
-                              steps_per_epoch=steps_per_epoch, loss=loss)
+            self.events.write(Progress(epoch=epoch + 1, step=step, step_in_epoch=step - epoch * steps_per_epoch,
+                                       steps_per_epoch=steps_per_epoch, loss=loss))
 
     def offer(self, count: int) -> None:
         """A step or a server update happened: validate in the background if one is due."""
@@ -102,16 +114,14 @@ class Coordinator:
         if self.test_rows is not None and ((epoch + 1) % self.job.train.eval_every == 0 or last):
             test, evaluation_seconds = self.evaluate(algorithm)
         record = epoch_record(epoch, step, per_rank, ranks, hosts, test, evaluation_seconds)
-        report = algorithm.epoch_report()
-        if report:
-            record["algorithm"] = report
-        self.events.write("epoch_end", **record)
+        record.algorithm = algorithm.epoch_report() or None
+        self.events.write(record)
         self.progress.end_epoch(epoch, record)
 
     def checkpoint_written(self, epoch: int, path: Path, seconds: float) -> None:
-        self.events.write("checkpoint", epoch=epoch, path=str(path), seconds=seconds)
+        self.events.write(Checkpoint(epoch=epoch, path=str(path), seconds=seconds))
 
-    def complete(self, algorithm: Algorithm, seconds: float, steps: int, memory: list) -> None:
+    def complete(self, algorithm: Algorithm, seconds: float, steps: int, memory: list[WorkerMemory]) -> None:
         """Save the consensus model and write `job_end`."""
         if self.validator is not None:
             self.validator.close()
@@ -119,8 +129,8 @@ class Coordinator:
         with algorithm.consensus() as consensus:
             path = save_model(self.run_dir, consensus, prepared.spec, prepared.objective, prepared.train_set.classes,
                               prepared.train_set.feature_dtype.name)
-        self.events.write("job_end", status="completed", test=self.final, seconds=seconds,
-                          epochs=self.job.train.epochs, steps=steps, model=str(path), memory=memory)
+        self.events.write(JobEnd(status="completed", test=self.final, seconds=seconds, epochs=self.job.train.epochs,
+                                 steps=steps, model=str(path), memory=memory))
 
     def close(self) -> None:
         if self.validator is not None:
@@ -129,29 +139,18 @@ class Coordinator:
 
 
 def epoch_record(epoch: int, step: int, per_rank: list[EpochStats], ranks: list[int], hosts: list[str], test: dict,
-                 evaluation_seconds: float) -> dict:
+                 evaluation_seconds: float) -> EpochEnd:
     """The `epoch_end` event: totals over the training ranks, the mean time split, and each worker's rate."""
     rows = sum(s.rows for s in per_rank)
     seconds = max(s.seconds for s in per_rank)
     count = len(per_rank)
-    return {
-        "epoch": epoch + 1,
-        "step": step,
-        "train_loss": sum(s.loss_sum for s in per_rank) / rows,
-        "test": test,
-        "samples": int(rows),
-        "seconds": seconds,
-        "samples_per_second": rows / seconds if seconds > 0 else 0.0,
-        "seconds_split": {
-            "compute": sum(s.compute for s in per_rank) / count,
-            "communication": sum(s.communication for s in per_rank) / count,
-            "data": sum(s.data for s in per_rank) / count,
-            "evaluation": evaluation_seconds,
-        },
-        "workers": [
-            {"rank": rank, "host": host, "rows": int(s.rows), "seconds": s.seconds,
-             "steps_per_second": s.steps / s.seconds if s.seconds > 0 else 0.0,
-             "compute": s.compute, "communication": s.communication, "data": s.data}
-            for rank, host, s in zip(ranks, hosts, per_rank)
-        ],
-    }
+    split = SecondsSplit(compute=sum(s.compute for s in per_rank) / count,
+                         communication=sum(s.communication for s in per_rank) / count,
+                         data=sum(s.data for s in per_rank) / count, evaluation=evaluation_seconds)
+    workers = [WorkerEpoch(rank=rank, host=host, rows=int(s.rows), seconds=s.seconds,
+                           steps_per_second=s.steps / s.seconds if s.seconds > 0 else 0.0,
+                           compute=s.compute, communication=s.communication, data=s.data)
+               for rank, host, s in zip(ranks, hosts, per_rank)]
+    return EpochEnd(epoch=epoch + 1, step=step, train_loss=sum(s.loss_sum for s in per_rank) / rows, test=test,
+                    samples=int(rows), seconds=seconds, samples_per_second=rows / seconds if seconds > 0 else 0.0,
+                    seconds_split=split, workers=workers)

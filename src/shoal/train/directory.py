@@ -11,7 +11,7 @@ from pathlib import Path
 
 from shoal.config import JobConfig
 from shoal.errors import ConfigError
-from shoal.train.events import EVENTS_FILE
+from shoal.events import EVENTS_FILE
 
 JOB_FILE = "job.toml"
 

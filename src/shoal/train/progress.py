@@ -6,12 +6,14 @@ import sys
 
 from tqdm import tqdm
 
+from shoal.events import EpochEnd
+
 
 def _format_metrics(values: dict) -> str:
     return "  ".join(f"{key} {value:.4f}" for key, value in values.items())
 
 
-class Progress:
+class ProgressDisplay:
     """Per-step bar (terminal) or one line per epoch (logs), on rank 0 only."""
 
     def __init__(self, mode: str, epochs: int, steps: int, enabled: bool, stream=None):
@@ -33,18 +35,16 @@ class Progress:
             if self.bar.n % 20 == 0 or self.bar.n == self.steps:
                 self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
 
-    def end_epoch(self, epoch: int, record: dict) -> None:
+    def end_epoch(self, epoch: int, record: EpochEnd) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
         if self.mode == "none":
             return
-        split = record["seconds_split"]
+        split = "  ".join(f"{part} {seconds:.2f}s" for part, seconds in record.seconds_split.parts().items())
         line = (
-            f"epoch {epoch + 1}/{self.epochs}  train_loss {record['train_loss']:.4f}  "
-            f"{_format_metrics(record.get('test', {}))}  {record['samples_per_second']:,.0f} samples/s  "
-            f"[compute {split['compute']:.2f}s  communication {split['communication']:.2f}s  "
-            f"data {split['data']:.2f}s  evaluation {split['evaluation']:.2f}s]"
+            f"epoch {epoch + 1}/{self.epochs}  train_loss {record.train_loss:.4f}  "
+            f"{_format_metrics(record.test)}  {record.samples_per_second:,.0f} samples/s  [{split}]"
         )
         print(line.replace("    ", "  "), file=self.stream, flush=True)
 

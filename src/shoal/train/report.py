@@ -14,18 +14,29 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from shoal.train.status import failure_text, latest_epochs, load_events
+from shoal.events import (
+    SPLIT_PARTS,
+    Checkpoint,
+    DataLoaded,
+    EpochEnd,
+    History,
+    JobRestarted,
+    JobResumed,
+    JobStart,
+    WorkerFailed,
+    read_history,
+)
 
 REPORT_FILE = "report.md"
-SPLIT = ("compute", "communication", "data", "evaluation")
-METRIC_ORDER = ("loss", "accuracy", "auc")
+LOSS = "loss"
+METRIC_ORDER = (LOSS, "accuracy", "auc")
 
 
 def write_report(run_dir: str | Path) -> Path:
     """Write report.md and its plots into the run directory; the report's path."""
     run_dir = Path(run_dir)
-    events = load_events(run_dir)
-    epochs = latest_epochs(events)
+    history = read_history(run_dir)
+    epochs = history.latest_epochs()
     images = []
     if epochs:  # no epoch, nothing to draw
         for name, draw, caption in PLOTS:
@@ -33,7 +44,7 @@ def write_report(run_dir: str | Path) -> Path:
             save_atomically(run_dir / name, lambda path, figure=figure: FigureCanvasAgg(figure).print_png(path))
             images.append((name, caption))
     path = run_dir / REPORT_FILE
-    text = markdown(run_dir, events, epochs, images)
+    text = markdown(run_dir, history, images)
     save_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
     return path
 
@@ -48,9 +59,9 @@ def save_atomically(path: Path, write) -> None:
         temporary.unlink(missing_ok=True)
 
 
-def metric_names(epochs: list[dict]) -> list[str]:
+def metric_names(epochs: list[EpochEnd]) -> list[str]:
     """Test metrics seen in any epoch: loss, accuracy, auc first, then any others."""
-    seen = {key for record in epochs for key in record.get("test") or {}}
+    seen = {key for record in epochs for key in record.test}
     return [key for key in METRIC_ORDER if key in seen] + sorted(seen - set(METRIC_ORDER))
 
 
@@ -67,36 +78,35 @@ def new_figure(panels: int = 1) -> tuple[Figure, list]:
     return figure, axes
 
 
-def plot_loss(epochs: list[dict]) -> Figure:
+def plot_loss(epochs: list[EpochEnd]) -> Figure:
     """Train and test loss per epoch; accuracy and AUC in a second panel when there are any."""
-    others = [name for name in metric_names(epochs) if name != "loss"]
+    others = [name for name in metric_names(epochs) if name != LOSS]
     figure, axes = new_figure(2 if others else 1)
-    numbers = [record["epoch"] for record in epochs]
-    axes[0].plot(numbers, [record["train_loss"] for record in epochs], marker="o", label="train loss")
-    tested = [record for record in epochs if "loss" in (record.get("test") or {})]
+    numbers = [record.epoch for record in epochs]
+    axes[0].plot(numbers, [record.train_loss for record in epochs], marker="o", label="train loss")
+    tested = [record for record in epochs if LOSS in record.test]
     if tested:  # with eval_every > 1 some epochs have no test metrics
-        axes[0].plot([r["epoch"] for r in tested], [r["test"]["loss"] for r in tested], marker="s",
-                     label="test loss")
+        axes[0].plot([r.epoch for r in tested], [r.test[LOSS] for r in tested], marker="s", label="test loss")
     axes[0].set_ylabel("loss")
     axes[0].set_title("loss")
     axes[0].legend()
     if others:
         for name in others:
-            scored = [record for record in epochs if name in (record.get("test") or {})]
-            axes[1].plot([r["epoch"] for r in scored], [r["test"][name] for r in scored], marker="o", label=name)
+            scored = [record for record in epochs if name in record.test]
+            axes[1].plot([r.epoch for r in scored], [r.test[name] for r in scored], marker="o", label=name)
         axes[1].set_ylabel("test metric")
         axes[1].set_title("test metrics")
         axes[1].legend()
     return figure
 
 
-def plot_time_split(epochs: list[dict]) -> Figure:
+def plot_time_split(epochs: list[EpochEnd]) -> Figure:
     """Per-epoch stacked bars of compute, communication, data and evaluation seconds."""
     figure, (ax,) = new_figure()
-    numbers = [record["epoch"] for record in epochs]
+    numbers = [record.epoch for record in epochs]
     bottom = [0.0] * len(epochs)
-    for part in SPLIT:
-        heights = [record["seconds_split"].get(part, 0.0) for record in epochs]
+    for part in SPLIT_PARTS:
+        heights = [record.seconds_split.parts()[part] for record in epochs]
         ax.bar(numbers, heights, bottom=bottom, label=part)
         bottom = [low + height for low, height in zip(bottom, heights)]
     ax.set_ylabel("seconds (mean over workers)")
@@ -107,15 +117,14 @@ def plot_time_split(epochs: list[dict]) -> Figure:
     return figure
 
 
-def plot_workers(epochs: list[dict]) -> Figure:
+def plot_workers(epochs: list[EpochEnd]) -> Figure:
     """Each worker's steps per second per epoch: a straggler is the line below the others."""
     figure, (ax,) = new_figure()
-    ranks = sorted({worker["rank"] for record in epochs for worker in record["workers"]})
+    ranks = sorted({worker.rank for record in epochs for worker in record.workers})
     for rank in ranks:
-        points = [(record["epoch"], worker["steps_per_second"]) for record in epochs
-                  for worker in record["workers"] if worker["rank"] == rank]
-        host = next(worker.get("host", "?") for record in epochs for worker in record["workers"]
-                    if worker["rank"] == rank)
+        points = [(record.epoch, worker.steps_per_second) for record in epochs
+                  for worker in record.workers if worker.rank == rank]
+        host = next(worker.host for record in epochs for worker in record.workers if worker.rank == rank)
         ax.plot([epoch for epoch, _ in points], [rate for _, rate in points], marker="o",
                 label=f"rank {rank} ({host})")
     ax.set_ylabel("steps per second")
@@ -138,98 +147,106 @@ def number(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def known(value) -> str:
+    return "?" if value is None else str(value)
+
+
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|",
             *("| " + " | ".join(row) + " |" for row in rows)]
 
 
-def markdown(run_dir: Path, events: list[dict], epochs: list[dict], images: list[str]) -> str:
-    # job_resumed repeats job_start's details, as they were when the job went on
-    start = next((r for r in reversed(events) if r.get("event") in ("job_start", "job_resumed") and "job" in r), {})
-    end = next((r for r in reversed(events) if r.get("event") == "job_end"), None)
-    loaded = next((r for r in reversed(events) if r.get("event") == "data_loaded"), None)
-    name = start.get("job", run_dir.name)
-    lines = [f"# shoal report: {name}", ""]
-    if end is not None:
-        status = f"**{end['status']}**"
-        if "epochs" in end:  # a job that failed or was interrupted says only why
-            status += (f": {end['epochs']} epochs, {number(end.get('steps'), ',')} steps in "
-                       f"{number(end.get('seconds'), '.1f')} s")
-        lines += [status + (f": {end['message']}" if end.get("message") else "") + ".", ""]
-    else:
-        lines += ["**no job_end yet**: the job is running or ended without a word.", ""]
-
-    versions = ", ".join(f"{key} {value}" for key, value in start.get("versions", {}).items())
-    job_rows = [
-        ["run directory", f"`{run_dir}`"],
-        ["algorithm", str(start.get("algorithm", "?"))],
-        ["world size", f"{start.get('world_size', '?')} ({start.get('trainers', '?')} training)"],
-        ["hosts", ", ".join(sorted(set(start.get("hosts", [])))) or "?"],
-        ["threads per worker", str(start.get("threads", "?"))],
-        ["device", str(start.get("device", "?"))],
-        ["train rows", number(start.get("train_rows"), ",")],
-        ["test rows", number(start.get("test_rows"), ",")],
-        ["steps per epoch", number(start.get("steps_per_epoch"), ",")],
-        ["parameters", number(start.get("parameters"), ",")],
-        ["versions", versions or "?"],
-    ]
-    if loaded is not None:
-        job_rows.append(["data loading", f"{loaded['seconds']:.2f} s (slowest worker)"])
-    lines += ["## Job", "", *table(["", ""], job_rows), ""]
-
-    lines += ["## Epochs", ""]
-    if epochs:
-        metrics = metric_names(epochs)
-        header = ["epoch", "train loss", *(f"test {m}" for m in metrics), "samples/s",
-                  *(f"{part} s" for part in SPLIT), "epoch s"]
-        rows = []
-        for record in epochs:
-            test = record.get("test") or {}
-            rows.append([str(record["epoch"]), f"{record['train_loss']:.4f}",
-                         *(number(test.get(m), ".4f") for m in metrics),
-                         f"{record['samples_per_second']:,.0f}",
-                         *(f"{record['seconds_split'].get(part, 0.0):.2f}" for part in SPLIT),
-                         f"{record['seconds']:.2f}"])
-        samples = sum(record["samples"] for record in epochs)
-        seconds = sum(record["seconds"] for record in epochs)
-        rows.append(["**total**", "", *("" for _ in metrics), f"{samples / seconds:,.0f}" if seconds else "-",
-                     *(f"{sum(r['seconds_split'].get(part, 0.0) for r in epochs):.2f}" for part in SPLIT),
-                     f"{seconds:.2f}"])
-        lines += table(header, rows)
-        lines += ["", f"{samples:,} samples trained in {seconds:.2f} s of epochs. The split is the mean over "
-                  "workers; evaluation runs on the coordinator while the others wait.", ""]
-    else:
-        lines += ["No epoch finished.", ""]
-
-    lines += ["## Restarts and failures", ""]
-    incidents = []
-    restarting = False  # the job_resumed that a restarted job writes repeats its job_restarted
-    for record in events:
-        kind = record.get("event")
-        source = f"epoch {record.get('from_epoch')}'s checkpoint" if record.get("from_epoch") else "scratch"
-        if kind == "worker_failed":
-            incidents.append(f"- worker failed: {failure_text(record)}")
-        elif kind == "job_restarted":
-            incidents.append(f"- restart {record['restart']} from {source}, "
-                             f"epochs redone: {record.get('epochs_redone', '?')}")
-            restarting = True
-        elif kind == "job_resumed":
-            if not restarting:
-                incidents.append(f"- resumed from {source}")
-            restarting = False
-    attempts = [r for r in events if r.get("event") == "epoch_end"]
-    lost = sum(r["seconds"] for r in attempts) - sum(r["seconds"] for r in epochs)
-    if len(attempts) > len(epochs):
-        incidents.append(f"- {len(attempts) - len(epochs)} epoch(s) trained twice: {lost:.2f} s lost to restarts")
-    lines += incidents or ["None."]
-    checkpoints = [r for r in events if r.get("event") == "checkpoint"]
+def markdown(run_dir: Path, history: History, images: list[tuple[str, str]]) -> str:
+    epochs = history.latest_epochs()
+    start = history.start or JobStart()
+    lines = [f"# shoal report: {start.job or run_dir.name}", "", outcome(history), ""]
+    lines += ["## Job", "", *table(["", ""], job_rows(run_dir, start, history.last(DataLoaded))), ""]
+    lines += ["## Epochs", "", *epoch_table(epochs)]
+    lines += ["## Restarts and failures", "", *(incidents(history) or ["None."])]
+    checkpoints = history.of(Checkpoint)
     if checkpoints:
-        lines += ["", f"{len(checkpoints)} checkpoint(s) written; the latest: epoch {checkpoints[-1]['epoch']}, "
-                  f"`{checkpoints[-1]['path']}`."]
+        lines += ["", f"{len(checkpoints)} checkpoint(s) written; the latest: epoch {checkpoints[-1].epoch}, "
+                  f"`{checkpoints[-1].path}`."]
     lines.append("")
-
     if images:
         lines += ["## Plots", ""]
         for name, caption in images:
             lines += [f"![{caption}]({name})", ""]
     return "\n".join(lines)
+
+
+def outcome(history: History) -> str:
+    """How the job ended, in one line."""
+    end = history.end
+    if end is None:
+        return "**no job_end yet**: the job is running or ended without a word."
+    status = f"**{end.status}**"
+    if end.epochs is not None:  # a job that failed or was interrupted says only why
+        status += f": {end.epochs} epochs, {number(end.steps, ',')} steps in {number(end.seconds, '.1f')} s"
+    return status + (f": {end.message}" if end.message else "") + "."
+
+
+def job_rows(run_dir: Path, start: JobStart, loaded: DataLoaded | None) -> list[list[str]]:
+    """The job and where it ran, as job_start (or the latest job_resumed, which repeats it) says."""
+    versions = ", ".join(f"{key} {value}" for key, value in start.versions.items())
+    rows = [
+        ["run directory", f"`{run_dir}`"],
+        ["algorithm", known(start.algorithm)],
+        ["world size", f"{known(start.world_size)} ({known(start.trainers)} training)"],
+        ["hosts", ", ".join(sorted(set(start.hosts))) or "?"],
+        ["threads per worker", known(start.threads)],
+        ["device", known(start.device)],
+        ["train rows", number(start.train_rows, ",")],
+        ["test rows", number(start.test_rows, ",")],
+        ["steps per epoch", number(start.steps_per_epoch, ",")],
+        ["parameters", number(start.parameters, ",")],
+        ["versions", versions or "?"],
+    ]
+    if loaded is not None:
+        rows.append(["data loading", f"{loaded.seconds:.2f} s (slowest worker)"])
+    return rows
+
+
+def epoch_table(epochs: list[EpochEnd]) -> list[str]:
+    if not epochs:
+        return ["No epoch finished.", ""]
+    metrics = metric_names(epochs)
+    header = ["epoch", "train loss", *(f"test {m}" for m in metrics), "samples/s",
+              *(f"{part} s" for part in SPLIT_PARTS), "epoch s"]
+    rows = [[str(record.epoch), f"{record.train_loss:.4f}", *(number(record.test.get(m), ".4f") for m in metrics),
+             f"{record.samples_per_second:,.0f}",
+             *(f"{seconds:.2f}" for seconds in record.seconds_split.parts().values()), f"{record.seconds:.2f}"]
+            for record in epochs]
+    samples = sum(record.samples for record in epochs)
+    seconds = sum(record.seconds for record in epochs)
+    totals = [sum(record.seconds_split.parts()[part] for record in epochs) for part in SPLIT_PARTS]
+    rows.append(["**total**", "", *("" for _ in metrics), f"{samples / seconds:,.0f}" if seconds else "-",
+                 *(f"{total:.2f}" for total in totals), f"{seconds:.2f}"])
+    return [*table(header, rows), "", f"{samples:,} samples trained in {seconds:.2f} s of epochs. The split is the "
+            "mean over workers; evaluation runs on the coordinator while the others wait.", ""]
+
+
+def incidents(history: History) -> list[str]:
+    """Failures, restarts and resumes in order, and the time lost to epochs trained twice."""
+    found = []
+    restarting = False  # the job_resumed that a restarted job writes repeats its job_restarted
+    for event in history.events:
+        if isinstance(event, WorkerFailed):
+            found.append(f"- worker failed: {event.text()}")
+        elif isinstance(event, JobRestarted):
+            found.append(f"- restart {event.restart} from {source(event.from_epoch)}, "
+                         f"epochs redone: {known(event.epochs_redone)}")
+            restarting = True
+        elif isinstance(event, JobResumed):
+            if not restarting:
+                found.append(f"- resumed from {source(event.from_epoch)}")
+            restarting = False
+    attempts, kept = history.epochs, history.latest_epochs()
+    if len(attempts) > len(kept):
+        lost = sum(r.seconds for r in attempts) - sum(r.seconds for r in kept)
+        found.append(f"- {len(attempts) - len(kept)} epoch(s) trained twice: {lost:.2f} s lost to restarts")
+    return found
+
+
+def source(from_epoch: int) -> str:
+    return f"epoch {from_epoch}'s checkpoint" if from_epoch else "scratch"

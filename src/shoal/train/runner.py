@@ -22,6 +22,7 @@ from shoal.cluster.heartbeat import Heartbeat
 from shoal.config import JobConfig
 from shoal.data.loader import ShardLoader
 from shoal.data.partition import steps_per_epoch
+from shoal.events import JobStart, WorkerMemory
 from shoal.model import build_model
 from shoal.train.checkpoint import (
     Checkpointer,
@@ -152,14 +153,14 @@ class Runner:
         self.comm.barrier()
         self.started = time.perf_counter()
 
-    def details(self) -> dict:
+    def details(self) -> JobStart:
         """What `job_start` records about the job and where it runs."""
         job, prepared = self.job, self.prepared
-        return dict(job=job.name, config=job.to_dict(), world_size=self.info.world_size,
-                    trainers=len(self.trainers), hosts=self.hosts, threads=self.threads, device=str(self.device),
-                    algorithm=job.algorithm.name, train_rows=prepared.train_set.rows,
-                    test_rows=prepared.test_set.rows if prepared.test_set else 0, steps_per_epoch=self.steps,
-                    parameters=sum(p.numel() for p in self.model.parameters()))
+        return JobStart(job=job.name, config=job.to_dict(), world_size=self.info.world_size,
+                        trainers=len(self.trainers), hosts=self.hosts, threads=self.threads, device=str(self.device),
+                        algorithm=job.algorithm.name, train_rows=prepared.train_set.rows,
+                        test_rows=prepared.test_set.rows if prepared.test_set else 0, steps_per_epoch=self.steps,
+                        parameters=sum(p.numel() for p in self.model.parameters()))
 
     def run_epoch(self, epoch: int) -> EpochStats:
         """Train (or serve) one epoch in this rank's role."""
@@ -201,7 +202,7 @@ class Runner:
 
     def complete(self) -> dict:
         """Memory figures to the coordinator, which saves the model and ends the job; returns its metrics."""
-        memory = self.comm.all_gather_object({"before_data": self.memory_before_data, "peak": peak_rss()})
+        memory = self.comm.all_gather_object(WorkerMemory(before_data=self.memory_before_data, peak=peak_rss()))
         final = {}
         if self.coordinator is not None:
             self.coordinator.complete(self.algorithm, time.perf_counter() - self.started,

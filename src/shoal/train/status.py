@@ -9,10 +9,25 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from shoal.errors import ShoalError
-from shoal.train.events import EVENTS_FILE, read_events
+from shoal.events import (
+    EVENTS_FILE,
+    Checkpoint,
+    DataLoaded,
+    EpochEnd,
+    Event,
+    JobEnd,
+    JobRestarted,
+    JobResumed,
+    JobStart,
+    Progress,
+    WorkerFailed,
+    read_history,
+)
+from shoal.train.directory import JOB_FILE
 
 STALL_SECONDS = 600
 """A run without `job_end` whose last record is older than this shows as `stalled?`."""
@@ -20,145 +35,177 @@ STALL_SECONDS = 600
 CLEAR_SCREEN = "\033[H\033[2J"
 
 
-def load_events(run_dir: str | Path) -> list[dict]:
-    """All records of a run, oldest first; a folder without an events file is a user error."""
-    if not (Path(run_dir) / EVENTS_FILE).is_file():
-        raise ShoalError(f"{run_dir}: no {EVENTS_FILE}: not a shoal run directory")
-    return list(read_events(run_dir))
+@dataclass
+class Timeline:
+    """What the events say so far, folded oldest first; a restart or resume rewinds the position."""
+
+    start: JobStart = field(default_factory=JobStart)  # job_start, or the latest job_resumed (it repeats them)
+    started_at: float | None = None
+    end: JobEnd | None = None
+    last_epoch: EpochEnd | None = None
+    progress: Progress | None = None
+    test: dict = field(default_factory=dict)
+    test_epoch: int | None = None
+    completed: int = 0
+    epoch_seconds: list[float] = field(default_factory=list)
+    epoch_began: float | None = None  # when the epoch in progress started: the pace before any epoch has ended
+    restarts: list[JobRestarted] = field(default_factory=list)
+    failures: list[WorkerFailed] = field(default_factory=list)
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+
+    def add(self, event: Event) -> None:
+        handlers = {JobStart: self.started, DataLoaded: self.loaded, Progress: self.stepped,
+                    EpochEnd: self.epoch_ended, Checkpoint: self.checkpoints.append,
+                    WorkerFailed: self.failures.append, JobRestarted: self.went_on, JobResumed: self.went_on,
+                    JobEnd: self.ended}
+        handler = handlers.get(type(event))
+        if handler is not None:
+            handler(event)
+
+    def started(self, event: JobStart) -> None:
+        self.start, self.end, self.epoch_began = event, None, event.time
+        self.started_at = event.time if self.started_at is None else self.started_at
+
+    def loaded(self, event: DataLoaded) -> None:
+        self.epoch_began = event.time
+
+    def stepped(self, event: Progress) -> None:
+        self.progress = event
+
+    def epoch_ended(self, event: EpochEnd) -> None:
+        self.last_epoch, self.completed, self.epoch_began = event, event.epoch, event.time
+        self.epoch_seconds.append(event.seconds)
+        if self.progress is not None and self.progress.epoch <= self.completed:
+            self.progress = None
+        if event.test:
+            self.test, self.test_epoch = event.test, event.epoch
+
+    def went_on(self, event: JobRestarted | JobResumed) -> None:
+        """Training goes on from the checkpoint's epoch; the epoch in progress was lost."""
+        if isinstance(event, JobRestarted):
+            self.restarts.append(event)
+        elif event.job is not None:
+            self.start = event
+        self.completed, self.progress, self.end, self.epoch_began = event.from_epoch, None, None, event.time
+
+    def ended(self, event: JobEnd) -> None:
+        self.end, self.progress = event, None
+        if event.test:
+            self.test = event.test
+            self.test_epoch = event.epochs if event.epochs is not None else self.completed
+
+    def position(self) -> tuple[int, int, int | None, float]:
+        """Epoch, step, steps per epoch and the fraction of the epoch under way."""
+        steps_per_epoch = self.start.steps_per_epoch
+        if self.progress is not None:
+            steps_per_epoch = self.progress.steps_per_epoch or steps_per_epoch
+            fraction = min(self.progress.step_in_epoch / steps_per_epoch, 1.0) if steps_per_epoch else 0.0
+            return self.progress.epoch, self.progress.step, steps_per_epoch, fraction
+        step = self.last_epoch.step if self.last_epoch else 0
+        if self.end is not None and self.end.steps is not None:
+            step = self.end.steps
+        return self.completed, step, steps_per_epoch, 0.0
+
+    def mean_epoch(self, fraction: float) -> float | None:
+        """Seconds per epoch so far; in the first epoch, its pace so far."""
+        if self.epoch_seconds:
+            return sum(self.epoch_seconds) / len(self.epoch_seconds)
+        if fraction > 0 and self.epoch_began is not None:
+            return (self.progress.time - self.epoch_began) / fraction
+        return None
 
 
-def latest_epochs(events: list[dict]) -> list[dict]:
-    """One `epoch_end` per epoch, the last one written: an epoch redone after a restart replaces
-    the earlier attempt, whose weights the job threw away."""
-    by_epoch: dict[int, dict] = {}
-    for record in events:
-        if record.get("event") == "epoch_end":
-            by_epoch[record["epoch"]] = record
-    return [by_epoch[epoch] for epoch in sorted(by_epoch)]
+@dataclass
+class WorkerPace:
+    rank: int
+    host: str
+    steps_per_second: float
+    slowest: bool = False
 
 
-def summarize(run_dir: str | Path, now: float | None = None) -> dict:
+@dataclass
+class Status:
     """The state of a run as plain data: progress, metrics, speed, ETA, workers, restarts."""
-    events = load_events(run_dir)
-    now = time.time() if now is None else now
-    start: dict = {}  # the job's details: from job_start, or the latest job_resumed (which repeats them)
-    started_at = None
-    end: dict | None = None
-    last_epoch: dict | None = None
-    progress: dict | None = None
-    test: dict = {}
-    test_epoch = None
-    completed = 0
-    epoch_seconds: list[float] = []
-    epoch_began = None  # when the epoch in progress started: the pace before any epoch has ended
-    restarts: list[dict] = []
-    failures: list[dict] = []
-    checkpoints: list[dict] = []
-    for record in events:
-        kind = record.get("event")
-        if kind == "job_start":
-            start, end, epoch_began = record, None, record.get("time")
-            started_at = record.get("time") if started_at is None else started_at
-        elif kind == "data_loaded":
-            epoch_began = record.get("time")
-        elif kind == "progress":
-            progress = record
-        elif kind == "epoch_end":
-            last_epoch, completed, epoch_began = record, record["epoch"], record.get("time")
-            epoch_seconds.append(record["seconds"])
-            if progress is not None and progress["epoch"] <= completed:
-                progress = None
-            if record.get("test"):
-                test, test_epoch = record["test"], record["epoch"]
-        elif kind == "checkpoint":
-            checkpoints.append(record)
-        elif kind == "worker_failed":
-            failures.append(record)
-        elif kind in ("job_restarted", "job_resumed"):
-            # training goes on from the checkpoint's epoch; the epoch in progress was lost
-            if kind == "job_restarted":
-                restarts.append(record)
-            elif "job" in record:
-                start = record
-            completed, progress, end, epoch_began = record["from_epoch"], None, None, record.get("time")
-        elif kind == "job_end":
-            end, progress = record, None
-            if record.get("test"):
-                test, test_epoch = record["test"], record.get("epochs", completed)
 
-    last_time = events[-1]["time"] if events else (Path(run_dir) / EVENTS_FILE).stat().st_mtime
+    run_dir: str
+    state: str
+    job: str | None
+    algorithm: str | None
+    world_size: int | None
+    hosts: list[str]
+    epoch: int
+    epochs: int | None
+    step: int
+    step_in_epoch: int | None
+    steps_per_epoch: int | None
+    train_loss: float | None
+    step_loss: float | None
+    test: dict
+    test_epoch: int | None
+    samples_per_second: float | None
+    mean_epoch_seconds: float | None
+    eta_seconds: float | None
+    elapsed_seconds: float | None
+    last_event_seconds_ago: float
+    workers: list[WorkerPace]
+    restarts: int
+    last_restart: JobRestarted | None
+    failures: int
+    last_failure: WorkerFailed | None
+    checkpoints: int
+    last_checkpoint: Checkpoint | None
+    message: str | None
+
+
+def run_state(end: JobEnd | None, quiet_seconds: float) -> str:
     if end is not None:
-        state = end["status"]
-    elif now - last_time > STALL_SECONDS:
-        state = "stalled?"
-    else:
-        state = "running"
+        return end.status
+    return "stalled?" if quiet_seconds > STALL_SECONDS else "running"
 
-    config = start.get("config", {})
-    epochs = config.get("train", {}).get("epochs") or (end or {}).get("epochs")
-    steps_per_epoch = start.get("steps_per_epoch")
-    fraction = 0.0
-    if progress is not None:
-        epoch, step = progress["epoch"], progress["step"]
-        steps_per_epoch = progress.get("steps_per_epoch") or steps_per_epoch
-        if steps_per_epoch:
-            fraction = min(progress["step_in_epoch"] / steps_per_epoch, 1.0)
-    else:
-        epoch = completed
-        step = last_epoch["step"] if last_epoch else 0
-        if end is not None:
-            step = end.get("steps", step)
 
-    mean_epoch = sum(epoch_seconds) / len(epoch_seconds) if epoch_seconds else None
-    if mean_epoch is None and fraction > 0 and epoch_began is not None:
-        mean_epoch = (progress["time"] - epoch_began) / fraction  # first epoch: its pace so far
+def worker_paces(last_epoch: EpochEnd | None) -> list[WorkerPace]:
+    """Each worker's steps per second in the last epoch; the slowest marked (on a tie, the lowest rank)."""
+    if last_epoch is None:
+        return []
+    workers = [WorkerPace(worker.rank, worker.host, worker.steps_per_second) for worker in last_epoch.workers]
+    if len(workers) > 1:  # one worker is not "the slowest"
+        min(workers, key=lambda worker: worker.steps_per_second).slowest = True
+    return workers
+
+
+def summarize(run_dir: str | Path, now: float | None = None) -> Status:
+    """Fold the run's events into its status (a folder without events is a user error)."""
+    history = read_history(run_dir)
+    now = time.time() if now is None else now
+    timeline = Timeline()
+    for event in history.events:
+        timeline.add(event)
+    last_time = history.last_time()
+    if last_time is None:
+        last_time = (Path(run_dir) / EVENTS_FILE).stat().st_mtime
+    start, end, progress, last_epoch = timeline.start, timeline.end, timeline.progress, timeline.last_epoch
+    state = run_state(end, now - last_time)
+    epochs = start.configured_epochs() or (end.epochs if end is not None else None)
+    epoch, step, steps_per_epoch, fraction = timeline.position()
+    mean_epoch = timeline.mean_epoch(fraction)
     eta = None
     if state == "running" and epochs and mean_epoch is not None:  # a stalled job has no honest ETA
-        eta = max((epochs - completed - fraction) * mean_epoch, 0.0)
-
+        eta = max((epochs - timeline.completed - fraction) * mean_epoch, 0.0)
     # wall time since job_start, resumes and restarts included (job_end's seconds count training only)
-    elapsed = None
-    if started_at is not None:
-        elapsed = (now if state == "running" else last_time) - started_at
-
-    workers = []
-    if last_epoch is not None:
-        workers = [{"rank": worker["rank"], "host": worker.get("host", "?"),
-                    "steps_per_second": worker["steps_per_second"], "slowest": False}
-                   for worker in last_epoch["workers"]]
-        if len(workers) > 1:  # one worker is not "the slowest"; on a tie the lowest rank is marked
-            min(workers, key=lambda worker: worker["steps_per_second"])["slowest"] = True
-
-    return {
-        "run_dir": str(run_dir),
-        "state": state,
-        "job": start.get("job"),
-        "algorithm": start.get("algorithm"),
-        "world_size": start.get("world_size"),
-        "hosts": sorted(set(start.get("hosts", []))),
-        "epoch": epoch,
-        "epochs": epochs,
-        "step": step,
-        "step_in_epoch": progress["step_in_epoch"] if progress else None,
-        "steps_per_epoch": steps_per_epoch,
-        "train_loss": last_epoch["train_loss"] if last_epoch else None,
-        "step_loss": progress["loss"] if progress else None,
-        "test": test,
-        "test_epoch": test_epoch,
-        "samples_per_second": last_epoch["samples_per_second"] if last_epoch else None,
-        "mean_epoch_seconds": mean_epoch,
-        "eta_seconds": eta,
-        "elapsed_seconds": elapsed,
-        "last_event_seconds_ago": max(now - last_time, 0.0),
-        "workers": workers,
-        "restarts": len(restarts),
-        "last_restart": restarts[-1] if restarts else None,
-        "failures": len(failures),
-        "last_failure": failures[-1] if failures else None,
-        "checkpoints": len(checkpoints),
-        "last_checkpoint": checkpoints[-1] if checkpoints else None,
-        "message": (end or {}).get("message"),
-    }
+    elapsed = None if timeline.started_at is None else (now if state == "running" else last_time) - timeline.started_at
+    return Status(
+        run_dir=str(run_dir), state=state, job=start.job, algorithm=start.algorithm, world_size=start.world_size,
+        hosts=sorted(set(start.hosts)), epoch=epoch, epochs=epochs, step=step,
+        step_in_epoch=progress.step_in_epoch if progress else None, steps_per_epoch=steps_per_epoch,
+        train_loss=last_epoch.train_loss if last_epoch else None, step_loss=progress.loss if progress else None,
+        test=timeline.test, test_epoch=timeline.test_epoch,
+        samples_per_second=last_epoch.samples_per_second if last_epoch else None, mean_epoch_seconds=mean_epoch,
+        eta_seconds=eta, elapsed_seconds=elapsed, last_event_seconds_ago=max(now - last_time, 0.0),
+        workers=worker_paces(last_epoch), restarts=len(timeline.restarts),
+        last_restart=timeline.restarts[-1] if timeline.restarts else None, failures=len(timeline.failures),
+        last_failure=timeline.failures[-1] if timeline.failures else None, checkpoints=len(timeline.checkpoints),
+        last_checkpoint=timeline.checkpoints[-1] if timeline.checkpoints else None,
+        message=end.message if end is not None else None)
 
 
 def duration(seconds: float | None) -> str:
@@ -182,67 +229,67 @@ def metrics_text(values: dict) -> str:
     return "  ".join(f"{key} {value:.4f}" for key, value in values.items())
 
 
-def failure_text(failure: dict) -> str:
-    """`rank 1 (host) exit code -9 (SIGKILL): message`."""
-    signal = f" ({failure['signal']})" if failure.get("signal") else ""
-    message = f": {failure['message']}" if failure.get("message") else ""
-    return (f"rank {failure.get('rank', '?')} ({failure.get('host', '?')}) exit code {failure.get('exit_code', '?')}"
-            f"{signal}{message}")
-
-
-def render(summary: dict) -> str:
+def render(summary: Status) -> str:
     """A few plain lines for a terminal or a log."""
-    lines = [f"{summary['run_dir']}  {summary['state']}"
-             + (f"  (last record {duration(summary['last_event_seconds_ago'])} ago)"
-                if summary["state"] == "stalled?" else "")]
-    if summary.get("message"):
-        lines.append(f"  {summary['message']}")
-    hosts = ", ".join(summary["hosts"])
-    lines.append(f"job {summary['job'] or '?'}  algorithm {summary['algorithm'] or '?'}  "
-                 f"world size {summary['world_size'] or '?'}" + (f"  hosts {hosts}" if hosts else ""))
-
-    # with a progress record the epoch shown is the one under way, else the last one finished
-    under_way = summary["step_in_epoch"] is not None
-    position = (f"epoch {summary['epoch']}/{summary['epochs'] or '?'} {'under way' if under_way else 'done'}"
-                f"  step {summary['step']:,}")
-    if under_way:
-        position += f" ({summary['step_in_epoch']:,}/{summary['steps_per_epoch'] or '?'} in this epoch)"
-    lines.append(position)
-
-    losses = []
-    if summary["train_loss"] is not None:
-        losses.append(f"train loss {summary['train_loss']:.4f}")
-    if summary["step_loss"] is not None:
-        losses.append(f"current step loss {summary['step_loss']:.4f}")
-    if summary["test"]:
-        losses.append(f"test (epoch {summary['test_epoch']}) {metrics_text(summary['test'])}")
+    lines = [f"{summary.run_dir}  {summary.state}"
+             + (f"  (last record {duration(summary.last_event_seconds_ago)} ago)"
+                if summary.state == "stalled?" else "")]
+    if summary.message:
+        lines.append(f"  {summary.message}")
+    hosts = ", ".join(summary.hosts)
+    lines.append(f"job {summary.job or '?'}  algorithm {summary.algorithm or '?'}  "
+                 f"world size {summary.world_size or '?'}" + (f"  hosts {hosts}" if hosts else ""))
+    lines.append(position_line(summary))
+    losses = loss_line(summary)
     if losses:
-        lines.append("  ".join(losses))
-
-    timing = []
-    if summary["samples_per_second"] is not None:
-        timing.append(f"{summary['samples_per_second']:,.0f} samples/s")
-    timing.append(f"elapsed {duration(summary['elapsed_seconds'])}")
-    if summary["eta_seconds"] is not None:
-        timing.append(f"eta {duration(summary['eta_seconds'])}")
-    lines.append("  ".join(timing))
-
-    for index, worker in enumerate(summary["workers"]):
+        lines.append(losses)
+    lines.append(timing_line(summary))
+    for index, worker in enumerate(summary.workers):
         label = "workers  " if index == 0 else "         "
-        line = f"{label}rank {worker['rank']} ({worker['host']}) {worker['steps_per_second']:,.1f} steps/s"
-        lines.append(line + ("  <- slowest" if worker["slowest"] else ""))
-
-    restarts = f"restarts {summary['restarts']}"
-    if summary["last_failure"]:
-        restarts += f"  last failure: {failure_text(summary['last_failure'])}"
+        line = f"{label}rank {worker.rank} ({worker.host}) {worker.steps_per_second:,.1f} steps/s"
+        lines.append(line + ("  <- slowest" if worker.slowest else ""))
+    restarts = f"restarts {summary.restarts}"
+    if summary.last_failure:
+        restarts += f"  last failure: {summary.last_failure.text()}"
     lines.append(restarts)
-    checkpoint = summary["last_checkpoint"]
-    lines.append(f"checkpoints {summary['checkpoints']}"
-                 + (f"  latest: epoch {checkpoint['epoch']} {checkpoint['path']}" if checkpoint else ""))
+    checkpoint = summary.last_checkpoint
+    lines.append(f"checkpoints {summary.checkpoints}"
+                 + (f"  latest: epoch {checkpoint.epoch} {checkpoint.path}" if checkpoint else ""))
     return "\n".join(lines)
 
 
-def watch(run_dir: str | Path, interval: float = 2.0, stream=None, sleep=time.sleep) -> dict:
+def position_line(summary: Status) -> str:
+    """With a progress record the epoch shown is the one under way, else the last one finished."""
+    under_way = summary.step_in_epoch is not None
+    position = (f"epoch {summary.epoch}/{summary.epochs or '?'} {'under way' if under_way else 'done'}"
+                f"  step {summary.step:,}")
+    if under_way:
+        position += f" ({summary.step_in_epoch:,}/{summary.steps_per_epoch or '?'} in this epoch)"
+    return position
+
+
+def loss_line(summary: Status) -> str:
+    losses = []
+    if summary.train_loss is not None:
+        losses.append(f"train loss {summary.train_loss:.4f}")
+    if summary.step_loss is not None:
+        losses.append(f"current step loss {summary.step_loss:.4f}")
+    if summary.test:
+        losses.append(f"test (epoch {summary.test_epoch}) {metrics_text(summary.test)}")
+    return "  ".join(losses)
+
+
+def timing_line(summary: Status) -> str:
+    timing = []
+    if summary.samples_per_second is not None:
+        timing.append(f"{summary.samples_per_second:,.0f} samples/s")
+    timing.append(f"elapsed {duration(summary.elapsed_seconds)}")
+    if summary.eta_seconds is not None:
+        timing.append(f"eta {duration(summary.eta_seconds)}")
+    return "  ".join(timing)
+
+
+def watch(run_dir: str | Path, interval: float = 2.0, stream=None, sleep=time.sleep) -> Status:
     """Redraw the status every `interval` seconds until the job ends or Ctrl-C; the last summary."""
     if not interval > 0:
         raise ShoalError(f"--watch: must be a number of seconds > 0, got {interval}")
@@ -250,7 +297,7 @@ def watch(run_dir: str | Path, interval: float = 2.0, stream=None, sleep=time.sl
     terminal = stream.isatty()
     run_dir = Path(run_dir)
     # a job just started has its job.toml but no events until its workers are up: wait for them
-    while (run_dir / "job.toml").is_file() and not (run_dir / EVENTS_FILE).is_file():
+    while (run_dir / JOB_FILE).is_file() and not (run_dir / EVENTS_FILE).is_file():
         sleep(interval)
     summary = summarize(run_dir)  # a bad folder fails here, before the loop
     first = True
@@ -263,7 +310,7 @@ def watch(run_dir: str | Path, interval: float = 2.0, stream=None, sleep=time.sl
             first = False
             stream.write(render(summary) + "\n")
             stream.flush()
-            if summary["state"] not in ("running", "stalled?"):
+            if summary.state not in ("running", "stalled?"):
                 return summary
             sleep(interval)
             summary = summarize(run_dir)

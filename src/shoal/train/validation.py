@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from shoal.train.events import EventLog
+from shoal.events import EventLog, Validation
 from shoal.train.objective import Objective, evaluate
 
 
@@ -58,7 +58,7 @@ class Validator:
         began = time.perf_counter()
         with torch.no_grad():
             metrics = evaluate(self.shadow, self.objective, *self.rows, convert=self.convert)
-        self.events.write("validation", count=count, test=metrics, seconds=time.perf_counter() - began)
+        self.events.write(Validation(count=count, test=metrics, seconds=time.perf_counter() - began))
 
     @contextlib.contextmanager
     def paused(self):

@@ -18,6 +18,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, E
 from shoal.cluster.heartbeat import HEARTBEATS
 from shoal.cluster.launch import Interrupted, Nodes, describe_failure
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
+from shoal.events import WorkerFailed
 
 HOST = socket.gethostname()
 
@@ -111,35 +112,35 @@ def test_error_files_in_the_format_torch_writes_are_read(tmp_path, monkeypatch, 
     assert set(recorded.message["extraInfo"]) == set(ours.message["extraInfo"])
 
 
-def test_a_single_raised_worker_gives_its_first_line_and_fields(tmp_path, failures):
+def test_a_single_raised_worker_gives_its_first_line_and_failure(tmp_path, failures):
     error = describe({1: failures.raised(1, "RuntimeError: loss is nan\nat step 40")}, tmp_path)
     assert isinstance(error, WorkerError)
     assert str(error) == f"worker rank 1 on {HOST} failed: RuntimeError: loss is nan"
     assert error.exit_code == 1
-    assert error.fields == {"rank": 1, "host": HOST, "exit_code": 1, "signal": None,
-                            "message": "RuntimeError: loss is nan"}
+    assert error.failure == WorkerFailed(rank=1, host=HOST, exit_code=1, signal=None,
+                                         message="RuntimeError: loss is nan")
 
 
 def test_a_usage_error_keeps_exit_code_2(tmp_path, failures):
     error = describe({0: failures.raised(0, "ConfigError: train.batch_size: must be positive", exitcode=EXIT_USAGE)},
                      tmp_path)
     assert error.exit_code == EXIT_USAGE == 2
-    assert error.fields["exit_code"] == 2
+    assert error.failure.exit_code == 2
     assert str(error).endswith("failed: ConfigError: train.batch_size: must be positive")
 
 
 def test_other_exit_codes_become_1(tmp_path, failures):
     error = describe({0: failures.raised(0, "OSError: disk full", exitcode=3)}, tmp_path)
     assert error.exit_code == 1
-    assert error.fields["exit_code"] == 3
+    assert error.failure.exit_code == 3
 
 
 def test_a_worker_killed_by_sigkill_is_named_with_the_signal(tmp_path, failures):
     error = describe({2: failures.killed(2, signal.SIGKILL)}, tmp_path)
     assert str(error) == f"worker rank 2 on {HOST} failed: killed by SIGKILL"
     assert error.exit_code == 1
-    assert error.fields == {"rank": 2, "host": HOST, "exit_code": -9, "signal": "SIGKILL",
-                            "message": "killed by SIGKILL"}
+    assert error.failure == WorkerFailed(rank=2, host=HOST, exit_code=-9, signal="SIGKILL",
+                                         message="killed by SIGKILL")
 
 
 def test_an_exit_without_an_error_file_gives_the_exit_status(tmp_path, failures):
@@ -147,7 +148,7 @@ def test_an_exit_without_an_error_file_gives_the_exit_status(tmp_path, failures)
     error = describe({0: failure}, tmp_path)
     # torch fills in a message pointing at its docs; shoal shows it as it is
     assert str(error).startswith(f"worker rank 0 on {HOST} failed: ")
-    assert error.fields["exit_code"] == 7 and error.fields["signal"] is None
+    assert error.failure.exit_code == 7 and error.failure.signal is None
 
 
 def test_a_worker_that_raised_is_preferred_over_one_that_lost_its_peer(tmp_path, failures):
@@ -155,7 +156,7 @@ def test_a_worker_that_raised_is_preferred_over_one_that_lost_its_peer(tmp_path,
     error = describe({0: failures.raised(0, "RuntimeError: Connection closed by peer [127.0.0.1]:4321", when=now - 5),
                       1: failures.raised(1, "ValueError: label 9 out of range", when=now)}, tmp_path)
     assert str(error) == f"worker rank 1 on {HOST} failed: ValueError: label 9 out of range"
-    assert error.fields["rank"] == 1
+    assert error.failure.rank == 1
 
 
 @pytest.mark.parametrize("consequence", ["Connection reset by peer", "Connection closed by peer",
@@ -165,7 +166,7 @@ def test_lost_peer_messages_are_consequences(tmp_path, failures, consequence):
     now = int(time.time())
     error = describe({0: failures.raised(0, f"RuntimeError: {consequence}", when=now - 3),
                       3: failures.raised(3, "KeyError: 'x'", when=now)}, tmp_path)
-    assert error.fields["rank"] == 3
+    assert error.failure.rank == 3
 
 
 def test_when_every_worker_lost_its_peer_the_first_is_named(tmp_path, failures):
@@ -179,7 +180,7 @@ def test_the_earliest_of_several_raised_workers_is_named(tmp_path, failures):
     now = int(time.time())
     error = describe({0: failures.raised(0, "ValueError: second", when=now),
                       1: failures.raised(1, "ValueError: first", when=now - 2)}, tmp_path)
-    assert error.fields["rank"] == 1 and error.fields["message"] == "ValueError: first"
+    assert error.failure.rank == 1 and error.failure.message == "ValueError: first"
 
 
 # ProcessFailure gives a worker without an error file error_file_data == {"message": "<NONE>"} (not
@@ -188,7 +189,7 @@ def test_a_worker_that_raised_is_preferred_over_one_killed_in_the_same_second(tm
     killed = failures.killed(0, signal.SIGTERM)  # stopped by the agent after rank 1 failed
     raised = failures.raised(1, "ValueError: label 9 out of range", when=killed.timestamp)
     error = describe({0: killed, 1: raised}, tmp_path)
-    assert error.fields["rank"] == 1
+    assert error.failure.rank == 1
 
 
 def test_a_sigtermed_worker_is_not_blamed_over_a_sigkilled_one(tmp_path, failures):
@@ -205,7 +206,7 @@ def test_a_sigkilled_worker_is_named_over_a_sigtermed_one_when_it_failed_first(t
     terminated.timestamp = killed.timestamp + 1
     error = describe({0: terminated, 1: killed}, tmp_path)
     assert str(error) == f"worker rank 1 on {HOST} failed: killed by SIGKILL"
-    assert error.fields["signal"] == "SIGKILL" and error.fields["exit_code"] == -9
+    assert error.failure.signal == "SIGKILL" and error.failure.exit_code == -9
 
 
 def write_beat(run_dir: Path, rank: int, when: float, step: int, host: str = HOST) -> None:
@@ -224,8 +225,9 @@ def test_the_rank_whose_heartbeat_went_quiet_first_is_named(tmp_path, failures):
     error = describe({0: timed_out}, tmp_path)
     assert str(error) == ("worker rank 2 on node-3 stopped answering at step 300 and was ended; the others waited "
                           "for it (rank 0: RuntimeError: [../gloo/transport/tcp/pair.cc:534] Read error: timed out)")
-    assert error.fields == {"rank": 2, "host": "node-3", "exit_code": 1, "signal": None,
-                            "message": "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Read error: timed out"}
+    assert error.failure == WorkerFailed(
+        rank=2, host="node-3", exit_code=1, signal=None,
+        message="RuntimeError: [../gloo/transport/tcp/pair.cc:534] Read error: timed out")
     assert error.exit_code == 1
 
 
@@ -239,4 +241,4 @@ def test_heartbeats_close_together_name_nobody(tmp_path, failures):
 
 def test_an_unnamed_signal_is_reported_by_its_number(tmp_path, failures):
     error = describe({0: failures.killed(0, 40)}, tmp_path)
-    assert error.fields["signal"] == "signal 40" and "killed by signal 40" in str(error)
+    assert error.failure.signal == "signal 40" and "killed by signal 40" in str(error)

@@ -1,0 +1,382 @@
+"""The run's event stream: one typed record per line in RUN_DIR/events.jsonl.
+
+Every kind of record is one dataclass here, written through `EventLog` and read back through
+`read_history`: the progress display, `shoal status`, reports, `shoal.fit`'s result, studies
+and benchmarks read attributes, never keys, so a field is added or renamed in one place. It sits
+below every other layer because the launcher (which knows why a worker failed), the workers and
+the readers all speak it. Each record is flushed as it is written: a reader never waits for the
+job to end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import threading
+import time
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from shoal.errors import ShoalError
+
+EVENTS_FILE = "events.jsonl"
+KIND_KEY = "event"  # on disk, the record's kind sits beside its fields under this key
+
+
+@dataclass(kw_only=True)
+class Event:
+    """What every record has: its kind (the class) and when it was written (unix seconds)."""
+
+    kind: ClassVar[str] = ""
+    time: float = 0.0
+
+    def record(self) -> dict:
+        """The record as stored: `{"event": kind, "time": ..., fields...}`."""
+        return {KIND_KEY: self.kind, **dataclasses.asdict(self)}
+
+
+# ---------------------------------------------------------------- parts of records
+
+
+@dataclass(kw_only=True)
+class SecondsSplit:
+    """Where an epoch's time went, the mean over the training workers (evaluation: the coordinator's)."""
+
+    compute: float = 0.0
+    communication: float = 0.0
+    data: float = 0.0
+    evaluation: float = 0.0
+
+    def parts(self) -> dict[str, float]:
+        """Part name -> seconds, in the order the report stacks them."""
+        return dataclasses.asdict(self)
+
+
+SPLIT_PARTS = tuple(part.name for part in dataclasses.fields(SecondsSplit))
+
+
+@dataclass(kw_only=True)
+class WorkerEpoch:
+    """One training worker's share of an epoch."""
+
+    rank: int = 0
+    host: str = "?"
+    rows: int = 0
+    seconds: float = 0.0
+    steps_per_second: float = 0.0
+    compute: float = 0.0
+    communication: float = 0.0
+    data: float = 0.0
+
+
+@dataclass(kw_only=True)
+class WorkerMemory:
+    """A worker's resident bytes before its data was loaded and at its peak."""
+
+    before_data: int = 0
+    peak: int = 0
+
+
+# ---------------------------------------------------------------- the kinds
+
+
+@dataclass(kw_only=True)
+class JobStart(Event):
+    """The coordinator is up: the job, where it runs, and the epoch training starts from."""
+
+    kind: ClassVar[str] = "job_start"
+    from_epoch: int = 0
+    versions: dict[str, str] = field(default_factory=dict)
+    job: str | None = None
+    config: dict = field(default_factory=dict)
+    world_size: int | None = None
+    trainers: int | None = None
+    hosts: list[str] = field(default_factory=list)
+    threads: int | None = None
+    device: str | None = None
+    algorithm: str | None = None
+    train_rows: int | None = None
+    test_rows: int | None = None
+    steps_per_epoch: int | None = None
+    parameters: int | None = None
+
+    def resumed(self) -> JobResumed:
+        """The same details as written by a coordinator that goes on from a checkpoint."""
+        return JobResumed(**{part.name: getattr(self, part.name) for part in dataclasses.fields(self)})
+
+    def configured_epochs(self) -> int | None:
+        """`train.epochs` of the job as it started (the config is the resolved job file's content)."""
+        return self.config.get("train", {}).get("epochs")
+
+
+@dataclass(kw_only=True)
+class JobResumed(JobStart):
+    """A coordinator started again from a checkpoint (a restart or `--resume`); repeats job_start's details."""
+
+    kind: ClassVar[str] = "job_resumed"
+
+
+@dataclass(kw_only=True)
+class DataLoaded(Event):
+    """Every worker holds its share: the slowest load, each rank's, and what each holds."""
+
+    kind: ClassVar[str] = "data_loaded"
+    seconds: float = 0.0
+    per_rank: list[float] = field(default_factory=list)
+    shares: list[dict] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Progress(Event):
+    """The step the coordinator is at, every few seconds within an epoch."""
+
+    kind: ClassVar[str] = "progress"
+    epoch: int = 0
+    step: int = 0
+    step_in_epoch: int = 0
+    steps_per_epoch: int | None = None
+    loss: float | None = None
+
+
+@dataclass(kw_only=True)
+class EpochEnd(Event):
+    """An epoch trained (numbered from 1): totals over the training ranks, test metrics when evaluated."""
+
+    kind: ClassVar[str] = "epoch_end"
+    epoch: int = 0
+    step: int = 0
+    train_loss: float = 0.0
+    test: dict[str, float] = field(default_factory=dict)
+    samples: int = 0
+    seconds: float = 0.0
+    samples_per_second: float = 0.0
+    seconds_split: SecondsSplit = field(default_factory=SecondsSplit)
+    workers: list[WorkerEpoch] = field(default_factory=list)
+    algorithm: dict | None = None
+    """The algorithm's own report (a server's updates and staleness), when it has one."""
+
+
+@dataclass(kw_only=True)
+class Checkpoint(Event):
+    kind: ClassVar[str] = "checkpoint"
+    epoch: int = 0
+    path: str = ""
+    seconds: float | None = None
+
+
+@dataclass(kw_only=True)
+class Validation(Event):
+    """Test metrics of a background validation, after `count` steps or server updates."""
+
+    kind: ClassVar[str] = "validation"
+    count: int = 0
+    test: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass(kw_only=True)
+class WorkerFailed(Event):
+    """The root cause of a failed attempt, as the launcher found it."""
+
+    kind: ClassVar[str] = "worker_failed"
+    rank: int | None = None
+    host: str | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    message: str | None = None
+
+    def text(self) -> str:
+        """`rank 1 (host) exit code -9 (SIGKILL): message`."""
+        signal = f" ({self.signal})" if self.signal else ""
+        message = f": {self.message}" if self.message else ""
+        rank = "?" if self.rank is None else self.rank
+        exit_code = "?" if self.exit_code is None else self.exit_code
+        return f"rank {rank} ({self.host or '?'}) exit code {exit_code}{signal}{message}"
+
+
+@dataclass(kw_only=True)
+class JobRestarted(Event):
+    """The launcher starts the workers again from the newest checkpoint."""
+
+    kind: ClassVar[str] = "job_restarted"
+    restart: int = 0
+    from_epoch: int = 0
+    epochs_redone: int | None = None
+
+
+@dataclass(kw_only=True)
+class JobEnd(Event):
+    """The job is over: `completed` (with the final metrics and the model) or `failed`/`interrupted` and why."""
+
+    kind: ClassVar[str] = "job_end"
+    status: str = "?"
+    message: str | None = None
+    test: dict[str, float] = field(default_factory=dict)
+    seconds: float | None = None
+    epochs: int | None = None
+    steps: int | None = None
+    model: str | None = None
+    memory: list[WorkerMemory] = field(default_factory=list)
+
+    @property
+    def completed(self) -> bool:
+        return self.status == "completed"
+
+
+KINDS: dict[str, type[Event]] = {kind.kind: kind for kind in (
+    JobStart, JobResumed, DataLoaded, Progress, EpochEnd, Checkpoint, Validation, WorkerFailed, JobRestarted,
+    JobEnd)}
+
+
+# ---------------------------------------------------------------- writing
+
+
+class EventLog:
+    """Appends records to a run's events file; safe to share with a background thread."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / EVENTS_FILE
+        self._handle = open(self.path, "a", encoding="utf-8")
+        self._lock = threading.Lock()  # the background validation writes too
+
+    def write(self, event: Event) -> Event:
+        """Stamp the event with the time, append it, and make it durable; the stamped event."""
+        event = dataclasses.replace(event, time=round(time.time(), 3))
+        line = json.dumps(event.record(), default=_plain) + "\n"
+        with self._lock:
+            self._handle.write(line)
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+        return event
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+def append_event(run_dir: str | Path, event: Event) -> Event:
+    """Append one record to an existing run's events (the launcher's failure records)."""
+    log = EventLog(run_dir)
+    try:
+        return log.write(event)
+    finally:
+        log.close()
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and other stragglers as plain JSON values."""
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_events(run_dir: str | Path) -> Iterator[dict]:
+    """The records as stored, oldest first; a half-written last line (a live job) is skipped."""
+    path = Path(run_dir) / EVENTS_FILE
+    if not path.exists():
+        return
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                yield record
+
+
+def parse(record: dict) -> Event | None:
+    """A stored record as its dataclass; None for a kind this version does not know.
+
+    Unknown fields are ignored and missing ones take their defaults, so runs written by older
+    or newer versions (and hand-written test records) still read.
+    """
+    kind = KINDS.get(record.get(KIND_KEY))
+    return None if kind is None else _build(kind, record)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _build(cls: type, values: dict):
+    hints = _hints(cls)
+    known = {part.name: _value(hints[part.name], values[part.name])
+             for part in dataclasses.fields(cls) if part.init and part.name in values}
+    return cls(**known)
+
+
+def _value(hint: Any, value: Any) -> Any:
+    """Nested records (a dataclass, or a list of them) built from their dicts; anything else as stored."""
+    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        return _build(hint, value)
+    arguments = typing.get_args(hint)
+    if typing.get_origin(hint) is list and arguments and dataclasses.is_dataclass(arguments[0]) \
+            and isinstance(value, list):
+        return [_build(arguments[0], item) if isinstance(item, dict) else item for item in value]
+    return value
+
+
+EventType = TypeVar("EventType", bound=Event)
+
+
+@dataclass
+class History:
+    """A run's events, oldest first, with the questions its readers ask of them."""
+
+    events: list[Event]
+
+    def of(self, kind: type[EventType]) -> list[EventType]:
+        """Every event of a kind (exactly that kind: JobStart does not match JobResumed)."""
+        return [event for event in self.events if type(event) is kind]
+
+    def last(self, kind: type[EventType]) -> EventType | None:
+        found = self.of(kind)
+        return found[-1] if found else None
+
+    @property
+    def start(self) -> JobStart | None:
+        """The job's details as they were most recently: job_start, or a later job_resumed."""
+        return next((event for event in reversed(self.events)
+                     if isinstance(event, JobStart) and event.job is not None), None)
+
+    @property
+    def end(self) -> JobEnd | None:
+        return self.last(JobEnd)
+
+    @property
+    def epochs(self) -> list[EpochEnd]:
+        """Every epoch_end, an epoch redone after a restart included."""
+        return self.of(EpochEnd)
+
+    def latest_epochs(self) -> list[EpochEnd]:
+        """One epoch_end per epoch, the last one written: an epoch redone after a restart replaces
+        the earlier attempt, whose weights the job threw away."""
+        by_epoch = {event.epoch: event for event in self.epochs}
+        return [by_epoch[epoch] for epoch in sorted(by_epoch)]
+
+    def reached_epoch(self) -> int:
+        """The highest epoch that ended, 0 before the first."""
+        return max((event.epoch for event in self.epochs), default=0)
+
+    def started(self) -> bool:
+        """Whether the job wrote job_start already (a coordinator starting again writes job_resumed)."""
+        return bool(self.of(JobStart))
+
+    def last_time(self) -> float | None:
+        return self.events[-1].time if self.events else None
+
+
+def read_history(run_dir: str | Path) -> History:
+    """A run's typed events; a folder without an events file is a user error."""
+    if not (Path(run_dir) / EVENTS_FILE).is_file():
+        raise ShoalError(f"{run_dir}: no {EVENTS_FILE}: not a shoal run directory")
+    return History([event for event in map(parse, read_events(run_dir)) if event is not None])
