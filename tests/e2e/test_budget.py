@@ -1,6 +1,6 @@
 """A job whose share is larger than the worker's memory budget: bounded memory, same accuracy.
 
-Cache reuse across runs is tested on the loader itself (tests/unit/test_cache.py).
+Cache reuse across runs is tested on the loader itself (tests/unit/data/test_cache.py).
 """
 
 from __future__ import annotations

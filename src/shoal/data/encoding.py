@@ -89,6 +89,14 @@ class CategoryCollector:
             raise DataError(f"{self.source}: the categorical column {name!r} has more than {MAX_CATEGORIES:,} "
                             "distinct values; is it really categorical?")
 
+    def see(self, batch: pa.RecordBatch, locate: Locate, reference: Encoding | None) -> None:
+        """A batch's categorical columns: collected, or checked against a reference encoding when reused."""
+        for name in self.values:
+            if reference is None:
+                self.add(name, batch.column(name), locate)
+            else:
+                reference.check_known(name, batch.column(name), locate)
+
     def categories(self) -> dict[str, tuple[str, ...]]:
         return {name: tuple(sorted(values)) for name, values in self.values.items()}
 

@@ -157,6 +157,7 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def markdown(run_dir: Path, history: History, images: list[tuple[str, str]]) -> str:
+    """The report's text: how the job ended, the job, its epochs, its incidents, its plots."""
     epochs = history.latest_epochs()
     start = history.start or JobStart()
     lines = [f"# shoal report: {start.job or run_dir.name}", "", outcome(history), ""]

@@ -62,12 +62,7 @@ def _first_pass(
     first_pass = [columns.label, *categorical]
     for batch in _csv_batches(source, header, dict.fromkeys(first_pass, pa.string()), first_pass):
         label_kind = _wider_kind(label_kind, _label_kind(source, header, columns.label_position, batch.column(0)))
-        for name in categorical:
-            at = offset_locator(locate, rows)
-            if encoding is None:
-                collector.add(name, batch.column(name), at)
-            else:
-                encoding.check_known(name, batch.column(name), at)
+        collector.see(batch, offset_locator(locate, rows), encoding)
         rows += batch.num_rows
     if rows == 0:
         raise DataError(f"{source}: no data rows after the header: the source is empty")

@@ -60,12 +60,7 @@ def _first_pass(request: ImportRequest, parquet: pq.ParquetFile, columns: TableC
     rows = 0
     for batch in _batches(source, parquet, [columns.label, *categorical], BATCH_ROWS):
         _check_filled(columns.label, batch.column(columns.label), locate, rows)
-        for name in categorical:
-            at = offset_locator(locate, rows)
-            if encoding is None:
-                collector.add(name, batch.column(name), at)
-            else:
-                encoding.check_known(name, batch.column(name), at)
+        collector.see(batch, offset_locator(locate, rows), encoding)
         rows += batch.num_rows
     if encoding is None:
         encoding = Encoding(columns.label, tuple(columns.features), collector.categories())

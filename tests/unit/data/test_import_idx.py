@@ -9,7 +9,7 @@ import pytest
 
 from shoal.data.importers import common, import_dataset
 from shoal.data.importers.idx import TYPE_CODES
-from tests.unit.test_importers import import_fails, read_back, record_writes
+from tests.unit.data.test_importers import import_fails, read_back, record_writes
 
 CODES = {dtype.newbyteorder("=").name: code for code, dtype in TYPE_CODES.items()}
 

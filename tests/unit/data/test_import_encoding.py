@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shoal.data.importers import common, csv_format, import_dataset
-from tests.unit.test_importers import import_fails, read_back
+from tests.unit.data.test_importers import import_fails, read_back
 
 TRAIN_ROWS = [
     ("1.5", "CA", "red", "yes"),

@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 
 from shoal.data.importers import common, import_dataset
-from tests.unit.test_importers import import_fails, read_back, record_writes
+from tests.unit.data.test_importers import import_fails, read_back, record_writes
 
 
 def test_default_names_round_trip_in_row_chunks(tmp_path, monkeypatch):

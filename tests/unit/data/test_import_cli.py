@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from shoal.cli import main
-from tests.unit.test_import_idx import idx_bytes
-from tests.unit.test_importers import read_back
+from tests.unit.data.test_import_idx import idx_bytes
+from tests.unit.data.test_importers import read_back
 
 
 def run_import(capsys, source, out, *options: str) -> tuple[int, str, str]:

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shoal.data.importers import common, import_dataset, parquet
-from tests.unit.test_importers import import_fails, read_back, record_writes
+from tests.unit.data.test_importers import import_fails, read_back, record_writes
 
 
 def test_number_columns_round_trip_over_row_groups(tmp_path, monkeypatch):
