@@ -116,5 +116,5 @@ def resume(run_dir: str | Path, *, overrides=(), max_restarts: int = 0) -> FitRe
 
 def result(run_dir: str | Path) -> FitResult:
     history = read_history(run_dir)
-    metrics = history.end.test if history.end is not None else {}
+    metrics = (history.end.test if history.end is not None else None) or {}
     return FitResult(metrics=metrics, model=load_model(run_dir), run_dir=Path(run_dir), epochs=history.epochs)

@@ -16,6 +16,7 @@ import json
 import os
 import threading
 import time
+import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,11 +34,12 @@ class Event:
     """What every record has: its kind (the class) and when it was written (unix seconds)."""
 
     kind: ClassVar[str] = ""
-    time: float = 0.0
+    time: float | None = None
 
     def record(self) -> dict:
-        """The record as stored: `{"event": kind, "time": ..., fields...}`."""
-        return {KIND_KEY: self.kind, **dataclasses.asdict(self)}
+        """The record as stored: `{"event": kind, "time": ..., fields...}`; a field not known (None) is left out."""
+        fields = dataclasses.asdict(self)
+        return {KIND_KEY: self.kind, **{name: value for name, value in fields.items() if value is not None}}
 
 
 # ---------------------------------------------------------------- parts of records
@@ -216,12 +218,12 @@ class JobEnd(Event):
     kind: ClassVar[str] = "job_end"
     status: str = "?"
     message: str | None = None
-    test: dict[str, float] = field(default_factory=dict)
+    test: dict[str, float] | None = None
     seconds: float | None = None
     epochs: int | None = None
     steps: int | None = None
     model: str | None = None
-    memory: list[WorkerMemory] = field(default_factory=list)
+    memory: list[WorkerMemory] | None = None
 
     @property
     def completed(self) -> bool:
@@ -298,7 +300,8 @@ def parse(record: dict) -> Event | None:
     Unknown fields are ignored and missing ones take their defaults, so runs written by older
     or newer versions (and hand-written test records) still read.
     """
-    kind = KINDS.get(record.get(KIND_KEY))
+    name = record.get(KIND_KEY)
+    kind = KINDS.get(name) if isinstance(name, str) else None
     return None if kind is None else _build(kind, record)
 
 
@@ -316,6 +319,8 @@ def _build(cls: type, values: dict):
 
 def _value(hint: Any, value: Any) -> Any:
     """Nested records (a dataclass, or a list of them) built from their dicts; anything else as stored."""
+    if isinstance(hint, types.UnionType):  # `X | None`: X
+        hint = next(argument for argument in typing.get_args(hint) if argument is not type(None))
     if dataclasses.is_dataclass(hint) and isinstance(value, dict):
         return _build(hint, value)
     arguments = typing.get_args(hint)
@@ -333,6 +338,8 @@ class History:
     """A run's events, oldest first, with the questions its readers ask of them."""
 
     events: list[Event]
+    last_time: float | None = None
+    """When the newest record was written, of whatever kind (one from a newer shoal counts too)."""
 
     def of(self, kind: type[EventType]) -> list[EventType]:
         """Every event of a kind (exactly that kind: JobStart does not match JobResumed)."""
@@ -371,12 +378,12 @@ class History:
         """Whether the job wrote job_start already (a coordinator starting again writes job_resumed)."""
         return bool(self.of(JobStart))
 
-    def last_time(self) -> float | None:
-        return self.events[-1].time if self.events else None
-
 
 def read_history(run_dir: str | Path) -> History:
     """A run's typed events; a folder without an events file is a user error."""
     if not (Path(run_dir) / EVENTS_FILE).is_file():
         raise ShoalError(f"{run_dir}: no {EVENTS_FILE}: not a shoal run directory")
-    return History([event for event in map(parse, read_events(run_dir)) if event is not None])
+    records = list(read_events(run_dir))
+    times = [record.get("time") for record in records]
+    times = [when for when in times if isinstance(when, int | float) and not isinstance(when, bool)]
+    return History([event for event in map(parse, records) if event is not None], times[-1] if times else None)

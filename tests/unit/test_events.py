@@ -83,6 +83,16 @@ def test_the_stored_record_is_the_kind_the_time_then_the_fields(tmp_path):
                                     "compute": 1.0, "communication": 0.5, "data": 0.25}
 
 
+def test_fields_not_known_are_left_out_of_the_stored_record(tmp_path):
+    append_event(tmp_path, WorkerFailed(message="worker 0 failed"))
+    append_event(tmp_path, JobEnd(status="interrupted", message="Ctrl-C"))
+    append_event(tmp_path, epoch(1))  # a collective algorithm has no report of its own
+    failed, ended, epoch_end = read_events(tmp_path)
+    assert set(failed) == {"event", "time", "message"}
+    assert set(ended) == {"event", "time", "status", "message"}
+    assert "algorithm" not in epoch_end
+
+
 def test_numpy_numbers_are_stored_as_plain_json(tmp_path):
     numpy = pytest.importorskip("numpy")
     append_event(tmp_path, Checkpoint(epoch=numpy.int64(3), path="p", seconds=numpy.float32(0.5)))
@@ -92,7 +102,7 @@ def test_numpy_numbers_are_stored_as_plain_json(tmp_path):
 
 def test_unknown_kinds_and_fields_are_ignored_and_missing_fields_take_defaults():
     assert parse({"event": "from_a_newer_shoal", "time": 1.0}) is None
-    assert parse({"time": 1.0}) is None
+    assert parse({"time": 1.0}) is None and parse({"event": ["job_end"]}) is None
     failed = parse({"event": "worker_failed", "time": 2.0, "message": "boom", "added_later": [1, 2]})
     assert failed == WorkerFailed(time=2.0, message="boom")
     assert failed.text() == "rank ? (?) exit code ?: boom"
@@ -149,3 +159,11 @@ def test_a_background_writer_and_the_main_one_never_interleave(tmp_path):
     log.close()
     events = read_history(tmp_path).events
     assert len(events) == 400 and len(list(read_events(tmp_path))) == 400
+
+
+def test_the_newest_record_of_any_kind_dates_the_history(tmp_path):
+    append_event(tmp_path, START)
+    with open(tmp_path / EVENTS_FILE, "a") as handle:
+        handle.write(json.dumps({"event": "from_a_newer_shoal", "time": 4_000_000_000.0}) + "\n")
+    history = read_history(tmp_path)
+    assert len(history.events) == 1 and history.last_time == 4_000_000_000.0

@@ -35,15 +35,22 @@ ALGORITHMS: tuple[type[Algorithm], ...] = (
 REGISTRY: dict[str, tuple[type[Algorithm], ...]] = {}
 for _algorithm in ALGORITHMS:
     REGISTRY[_algorithm.name] = (*REGISTRY.get(_algorithm.name, ()), _algorithm)
+    if _algorithm.Options is not REGISTRY[_algorithm.name][0].Options:  # the user's keys pick the variant
+        raise TypeError(f"{_algorithm.__name__}: variants of {_algorithm.name!r} must share one Options class")
 
 
-def options_class(name: str) -> type:
-    """The options dataclass of the algorithm `name`; an unknown name is a config error naming the key."""
+def registered(name: str) -> tuple[type[Algorithm], ...]:
+    """The classes registered under `name`; an unknown name is a config error naming the key."""
     if name not in REGISTRY:
         close = difflib.get_close_matches(name, list(REGISTRY), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise ConfigError(f"algorithm.name: unknown algorithm {name!r}{hint}; choose one of {', '.join(REGISTRY)}")
-    return REGISTRY[name][0].Options
+    return REGISTRY[name]
+
+
+def options_class(name: str) -> type:
+    """The options dataclass of the algorithm `name`."""
+    return registered(name)[0].Options
 
 
 def option_names() -> set[str]:
@@ -54,7 +61,7 @@ def option_names() -> set[str]:
 def algorithm_class(name: str, options=None) -> type[Algorithm]:
     """The class registered under `name` whose variant matches `options` (default options when None)."""
     options = options if options is not None else options_class(name)()
-    for cls in REGISTRY[name]:
+    for cls in registered(name):
         if all(getattr(options, key) == value for key, value in cls.variant.items()):
             return cls
     raise ConfigError(f"algorithm: no variant of {name!r} for these options")
@@ -74,8 +81,10 @@ def role(algorithm: Algorithm, rank: int, world_size: int) -> Role:
 
 
 def trainer_ranks(algorithm: Algorithm, world_size: int) -> list[int]:
-    """The ranks that train."""
-    return [rank for rank in range(world_size) if role(algorithm, rank, world_size) is Role.TRAINER]
+    """The ranks that train: all of them unless a server takes some."""
+    if isinstance(algorithm, ServerAlgorithm):
+        return algorithm.trainer_ranks(world_size)
+    return list(range(world_size))
 
 
 def catalogue() -> list[tuple[str, str, str]]:

@@ -32,9 +32,6 @@ class AsynchronousElasticAveraging(ServerAlgorithm):
         super().__init__(options, groups)
         self.every = self.options.period if self.options.period != "epoch" else 0
 
-    def title(self) -> str:
-        return "asynchronous EASGD"
-
     def check(self, world_size: int) -> None:
         if self.groups > 1:
             raise ConfigError("cluster.groups: asynchronous EASGD has no groups; set algorithm.synchronous = true "

@@ -121,7 +121,7 @@ def run_trial(job: JobConfig, out: Path, size: Size, workers: int, trial: int, a
     epochs, loaded, end = history.epochs, history.last(DataLoaded), history.end
     split = {part: sum(epoch.seconds_split.parts()[part] for epoch in epochs) for part in SPLIT_PARTS}
     train_seconds = sum(epoch.seconds for epoch in epochs)
-    test = end.test
+    test = end.test or {}
     return {
         "size": size.label, "rows": size.rows, "workers": workers, "trial": trial,
         "threads": threads_per_worker(config.cluster.threads, workers), "cores": available,

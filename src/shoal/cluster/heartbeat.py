@@ -53,6 +53,10 @@ class Heartbeat:
     def close(self) -> None:
         self._stop.set()
 
+    @property
+    def beating(self) -> bool:
+        return self._thread.is_alive() and not self._stop.is_set()
+
 
 def end_silent_peer(run_dir: Path, rank: int, host: str, silent_for: float) -> dict | None:
     """After a collective timed out: kill the quietest worker if it is on this host and silent.

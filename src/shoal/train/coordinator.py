@@ -21,6 +21,7 @@ from shoal.algorithms import Algorithm
 from shoal.config import JobConfig
 from shoal.data.loader import Converter
 from shoal.events import (
+    EVENTS_FILE,
     Checkpoint,
     DataLoaded,
     EpochEnd,
@@ -54,7 +55,7 @@ class Coordinator:
     def __init__(self, job: JobConfig, run_dir: Path, prepared: Prepared, model: torch.nn.Module,
                  device: torch.device):
         self.job, self.run_dir, self.prepared, self.model, self.device = job, run_dir, prepared, model, device
-        self.events = EventLog(run_dir)
+        self.events: EventLog | None = None  # opened by announce: an events file means the job has started
         self.progress: ProgressDisplay | None = None
         self.validator: Validator | None = None
         self.test_rows = self.convert = None
@@ -70,18 +71,21 @@ class Coordinator:
         self.convert = Converter(test_set.feature_dtype, prepared.spec["input"], self.device,
                                  prepared.objective.label_dtype)
 
-    def announce(self, start_epoch: int, details: JobStart, load_seconds: list[float], holdings: list) -> None:
+    def announce(self, first_epoch: int, details: JobStart, load_seconds: list[float], holdings: list) -> None:
         """The job's start (or resumption) and its data load; the progress display and validation begin."""
-        start = dataclasses.replace(details, from_epoch=start_epoch, versions=versions())
-        self.events.write(start.resumed() if read_history(self.run_dir).started() else start)
+        start = dataclasses.replace(details, from_epoch=first_epoch, versions=versions())
+        started_before = (self.run_dir / EVENTS_FILE).is_file() and read_history(self.run_dir).started()
+        self.events = EventLog(self.run_dir)
+        self.events.write(start.resumed() if started_before else start)
         self.events.write(DataLoaded(seconds=max(load_seconds), per_rank=load_seconds, shares=holdings))
         self.progress = ProgressDisplay(self.job.output.progress, self.job.train.epochs, details.steps_per_epoch,
                                         enabled=True)
         if self.test_rows is not None:
             self.validator = Validator.from_job(self.job, self.prepared, self.model, self.test_rows, self.convert,
                                                 self.events)
+        self.last_record = time.monotonic()
 
-    def start_epoch(self, epoch: int) -> None:
+    def epoch_begins(self, epoch: int) -> None:
         self.progress.start_epoch(epoch)
 
     def after_step(self, epoch: int, step: int, steps_per_epoch: int, loss: float) -> None:
@@ -135,7 +139,8 @@ class Coordinator:
     def close(self) -> None:
         if self.validator is not None:
             self.validator.close()
-        self.events.close()
+        if self.events is not None:
+            self.events.close()
 
 
 def epoch_record(epoch: int, step: int, per_rank: list[EpochStats], ranks: list[int], hosts: list[str], test: dict,

@@ -71,7 +71,11 @@ def model_spec(job: JobConfig, train_set: Dataset) -> dict:
 
 
 def check_world_size(job: JobConfig, world_size: int, train_set: Dataset, algorithm: Algorithm | None = None) -> None:
-    """Settings that make no sense for this many workers; `algorithm` is checked here, once."""
+    """Settings that make no sense for this many workers: the algorithm's own check, then the rows.
+
+    The launcher calls it before any worker starts; each worker calls it again with the algorithm it
+    built (a worker started by torchrun or srun has no launcher of shoal's before it).
+    """
     if algorithm is None:
         algorithm = make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups)
     algorithm.check(world_size)

@@ -34,10 +34,10 @@ from shoal.train.checkpoint import (
     load_rank,
 )
 from shoal.train.coordinator import Coordinator
+from shoal.train.epoch_loops import Serving, Training
 from shoal.train.loop import EpochStats, Trainer
 from shoal.train.memory import current_rss, peak_rss
 from shoal.train.prepare import check_world_size, make_optimizer, prepare
-from shoal.train.roles import Serving, Training
 from shoal.train.state import TrainingState
 
 
@@ -58,7 +58,7 @@ class Runner:
         self.coordinator: Coordinator | None = None
         self.heartbeat: Heartbeat | None = None
         self.loader: ShardLoader | None = None
-        self.start_epoch = 0
+        self.first_epoch = 0  # 0, or the epoch of the checkpoint this run resumes from
 
     def run(self) -> dict:
         try:
@@ -66,7 +66,7 @@ class Runner:
             self.load_data()
             self.resume()
             self.start()
-            for epoch in range(self.start_epoch, self.job.train.epochs):
+            for epoch in range(self.first_epoch, self.job.train.epochs):
                 self.end_epoch(epoch, self.run_epoch(epoch))
             return self.complete()
         finally:
@@ -140,18 +140,18 @@ class Runner:
         if found is None:
             return
         self.state.load_state_dict(load_rank(found.path, self.info.rank))
-        self.start_epoch = found.epoch
+        self.first_epoch = found.epoch
         if coordinator:
             self.coordinator.final = latest_test(found)
 
     def start(self) -> None:
         """Announce the job, then start every rank together."""
         if self.coordinator is not None:
-            self.coordinator.announce(self.start_epoch, self.details(), self.load_seconds, self.holdings)
+            self.coordinator.announce(self.first_epoch, self.details(), self.load_seconds, self.holdings)
         self.checkpointer = Checkpointer(self.run_dir, self.comm, self.job.checkpoint.keep)
         # the coordinator's set-up must not show up as the first epoch's wait
         self.comm.barrier()
-        self.started = time.perf_counter()
+        self.began = time.perf_counter()
 
     def details(self) -> JobStart:
         """What `job_start` records about the job and where it runs."""
@@ -165,7 +165,7 @@ class Runner:
     def run_epoch(self, epoch: int) -> EpochStats:
         """Train (or serve) one epoch in this rank's role."""
         if self.coordinator is not None:
-            self.coordinator.start_epoch(epoch)
+            self.coordinator.epoch_begins(epoch)
         return self.epoch_loop.run_epoch(epoch)
 
     def after_step(self, loss: float) -> None:
@@ -205,16 +205,19 @@ class Runner:
         memory = self.comm.all_gather_object(WorkerMemory(before_data=self.memory_before_data, peak=peak_rss()))
         final = {}
         if self.coordinator is not None:
-            self.coordinator.complete(self.algorithm, time.perf_counter() - self.started,
+            self.coordinator.complete(self.algorithm, time.perf_counter() - self.began,
                                       self.epoch_loop.global_step, memory)
             final = self.coordinator.final
         self.comm.barrier()  # nobody leaves (and tears down the group) while the coordinator still writes
+        self.heartbeat.close()
         return final
 
     def finish(self) -> None:
-        """Always, after success or failure: stop the heartbeat, close the share and the event log."""
-        if self.heartbeat is not None:
-            self.heartbeat.close()
+        """Always, after success or failure: close the share and the event log.
+
+        After a failure the heartbeat beats on until the process ends: a rank that raised and is
+        still tearing down must not look like the one that went quiet.
+        """
         if self.loader is not None:
             self.loader.close()
         if self.coordinator is not None:

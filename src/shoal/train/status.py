@@ -54,13 +54,9 @@ class Timeline:
     checkpoints: list[Checkpoint] = field(default_factory=list)
 
     def add(self, event: Event) -> None:
-        handlers = {JobStart: self.started, DataLoaded: self.loaded, Progress: self.stepped,
-                    EpochEnd: self.epoch_ended, Checkpoint: self.checkpoints.append,
-                    WorkerFailed: self.failures.append, JobRestarted: self.went_on, JobResumed: self.went_on,
-                    JobEnd: self.ended}
-        handler = handlers.get(type(event))
+        handler = HANDLERS.get(type(event))
         if handler is not None:
-            handler(event)
+            handler(self, event)
 
     def started(self, event: JobStart) -> None:
         self.start, self.end, self.epoch_began = event, None, event.time
@@ -88,6 +84,12 @@ class Timeline:
             self.start = event
         self.completed, self.progress, self.end, self.epoch_began = event.from_epoch, None, None, event.time
 
+    def failed(self, event: WorkerFailed) -> None:
+        self.failures.append(event)
+
+    def checkpointed(self, event: Checkpoint) -> None:
+        self.checkpoints.append(event)
+
     def ended(self, event: JobEnd) -> None:
         self.end, self.progress = event, None
         if event.test:
@@ -110,9 +112,14 @@ class Timeline:
         """Seconds per epoch so far; in the first epoch, its pace so far."""
         if self.epoch_seconds:
             return sum(self.epoch_seconds) / len(self.epoch_seconds)
-        if fraction > 0 and self.epoch_began is not None:
+        if fraction > 0 and self.epoch_began is not None and self.progress.time is not None:
             return (self.progress.time - self.epoch_began) / fraction
         return None
+
+
+HANDLERS = {JobStart: Timeline.started, DataLoaded: Timeline.loaded, Progress: Timeline.stepped,
+            EpochEnd: Timeline.epoch_ended, Checkpoint: Timeline.checkpointed, WorkerFailed: Timeline.failed,
+            JobRestarted: Timeline.went_on, JobResumed: Timeline.went_on, JobEnd: Timeline.ended}
 
 
 @dataclass
@@ -180,7 +187,7 @@ def summarize(run_dir: str | Path, now: float | None = None) -> Status:
     timeline = Timeline()
     for event in history.events:
         timeline.add(event)
-    last_time = history.last_time()
+    last_time = history.last_time
     if last_time is None:
         last_time = (Path(run_dir) / EVENTS_FILE).stat().st_mtime
     start, end, progress, last_epoch = timeline.start, timeline.end, timeline.progress, timeline.last_epoch

@@ -14,6 +14,7 @@ import torch
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.fake import run_ranks
 from shoal.errors import ConfigError
+from shoal.jobs import from_dict
 from shoal.train.checkpoint import (
     CHECKPOINTS,
     COORDINATOR_FILE,
@@ -25,11 +26,6 @@ from shoal.train.checkpoint import (
     random_state,
     restore_random_state,
 )
-
-try:
-    from shoal.jobs import from_dict
-except ImportError:  # where it lived before shoal.jobs
-    from shoal.config import from_dict
 
 CPU = torch.device("cpu")
 SPEC = {"input": [4], "layers": [{"dense": 3}]}

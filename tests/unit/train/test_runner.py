@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from shoal.cluster.collectives import Communicator
@@ -59,6 +60,38 @@ def test_a_job_runs_through_the_named_steps_in_process(tmp_path):
     assert kinds == ["job_start", "data_loaded"] + ["epoch_end", "checkpoint"] * 3 + ["job_end"]
     assert set(metrics) >= {"loss", "accuracy"}
     assert sorted(path.name for path in (run_dir / "checkpoints").iterdir()) == ["epoch-00002", "epoch-00003"]
+
+
+def test_no_events_before_the_job_is_announced(tmp_path):
+    """A slow data load must not leave an empty events file that `shoal status` reads as a stalled job."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    runner = Runner(job(tmp_path), DistInfo(), run_dir, threads=1, comm=Communicator(0, 1))
+    try:
+        runner.setup()
+        runner.load_data()
+        runner.resume()
+        assert not (run_dir / "events.jsonl").exists()
+        runner.start()
+        assert [record["event"] for record in events(run_dir)] == ["job_start", "data_loaded"]
+    finally:
+        runner.finish()
+
+
+def test_a_failing_rank_beats_on_until_its_process_ends(tmp_path):
+    """Its heartbeat must not stop first: the failure would be blamed on it going quiet."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    runner = Runner(job(tmp_path), DistInfo(), run_dir, threads=1, comm=Communicator(0, 1))
+
+    def broken(epoch):
+        raise RuntimeError("boom")
+
+    runner.run_epoch = broken
+    with pytest.raises(RuntimeError, match="boom"):
+        runner.run()
+    assert runner.heartbeat.beating
+    runner.heartbeat.close()
 
 
 def test_a_resumed_job_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
