@@ -14,6 +14,7 @@ DESCRIPTION = "shoal: train one neural network across many commodity machines."
 
 def command_train(args: argparse.Namespace) -> int:
     from shoal.api import resolve_job, result, start
+    from shoal.cluster.interface import use_interface
     from shoal.cluster.launch import Interrupted, Nodes
     from shoal.train.directory import new_run_dir
 
@@ -38,6 +39,8 @@ def command_train(args: argparse.Namespace) -> int:
         raise ShoalError("--run-dir: required with --nnodes > 1 (the same folder, shared by all machines)")
     nodes = Nodes(count=args.nnodes, rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id,
                   backend=args.rdzv_backend)
+    if args.interface:
+        use_interface(args.interface)  # the workers inherit it
     try:
         start(job, run_dir, nodes, resume=args.resume is not None, max_restarts=args.max_restarts)
     except Interrupted as interrupt:
@@ -222,6 +225,8 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--rdzv-id", help="a job id shared by all machines")
     cluster.add_argument("--rdzv-backend", choices=["c10d", "static"],
                          help="default: static with --node-rank, else c10d")
+    cluster.add_argument("--interface", metavar="NAME",
+                         help="network interface the workers talk on (default: the one that reaches the endpoint)")
     train.set_defaults(handler=command_train)
 
     data = commands.add_parser("data", help="datasets: import, synthesize, describe, split, sample")

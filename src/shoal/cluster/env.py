@@ -14,6 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from shoal.cluster.interface import choose_interface
 from shoal.errors import ShoalError
 
 # (rank, world size, local rank, local world size) variable names, by launcher.
@@ -56,6 +57,7 @@ def init_process_group(info: DistInfo, device: torch.device, timeout: float) -> 
         return
     if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
         raise ShoalError("MASTER_ADDR and MASTER_PORT must be set for a job started by SLURM or mpirun")
+    choose_interface()  # the interface that reaches the other machines, not the hostname's loopback
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
         backend,

@@ -1,0 +1,147 @@
+"""An emulated cluster on one machine: each host a network namespace with its own address on a
+bridge, its own hostname (resolving to a loopback address inside it, as on a stock Debian or
+Ubuntu box), its own /tmp, its own CPU core and a rate-shaped link.
+
+Tests, benchmarks and the planner start commands "on host i" through `EmulatedCluster.start`.
+Everything it creates (namespaces, the bridge, the hosts' processes, its folders) is removed by
+`close`, which also runs when the `with` block fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+SUBNET = "10.77.0"
+SOCKET_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+
+
+def missing_requirements(hosts: int) -> str | None:
+    """Why an emulated cluster of `hosts` cannot be built here, or None."""
+    if os.geteuid() != 0:
+        return "the emulated cluster needs root (network, UTS and mount namespaces)"
+    for tool in ("ip", "tc", "unshare", "taskset"):
+        if shutil.which(tool) is None:
+            return f"the emulated cluster needs `{tool}`"
+    if len(os.sched_getaffinity(0)) < hosts:
+        return f"the emulated cluster pins each of its {hosts} hosts to its own core; this machine has fewer"
+    return None
+
+
+def _ip(*arguments: str) -> None:
+    subprocess.run(["ip", *arguments], check=True, capture_output=True, text=True)
+
+
+class EmulatedCluster:
+    """`hosts` hosts named host0, host1, ... at 10.77.0.1, .2, ..., linked at `rate` (tc tbf syntax)."""
+
+    def __init__(self, hosts: int = 2, rate: str = "1gbit"):
+        self.hosts, self.rate = hosts, rate
+        self.prefix = f"shoal{os.getpid() % 100000}"
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-", dir="/var/tmp"))
+        self.shared = self.folder / "shared"  # the same folder, at the same path, on every host
+        self.processes: list[subprocess.Popen] = []
+        self.cores = sorted(os.sched_getaffinity(0))[:hosts]
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def namespace(self, host: int) -> str:
+        return f"{self.prefix}-h{host}"
+
+    def address(self, host: int) -> str:
+        return f"{SUBNET}.{host + 1}"
+
+    def hostname(self, host: int) -> str:
+        return f"host{host}"
+
+    def private(self, host: int) -> Path:
+        """What host `host` sees as /tmp."""
+        return self.folder / f"host{host}-tmp"
+
+    def _build(self) -> None:
+        self.shared.mkdir()
+        switch = f"{self.prefix}-sw"
+        _ip("netns", "add", switch)
+        _ip("-n", switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", switch, "link", "set", "br0", "up")
+        for host in range(self.hosts):
+            self._add_host(host, switch)
+
+    def _add_host(self, host: int, switch: str) -> None:
+        namespace, outside, inside = self.namespace(host), f"{self.prefix}v{host}", f"{self.prefix}e{host}"
+        _ip("netns", "add", namespace)
+        _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+        _ip("link", "set", outside, "netns", switch)
+        _ip("link", "set", inside, "netns", namespace)
+        _ip("-n", namespace, "link", "set", inside, "name", "eth0")
+        _ip("-n", switch, "link", "set", outside, "master", "br0", "up")
+        _ip("-n", namespace, "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
+        _ip("-n", namespace, "link", "set", "eth0", "up")
+        _ip("-n", namespace, "link", "set", "lo", "up")
+        subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
+                        "rate", self.rate, "burst", "256kb", "latency", "50ms"], check=True, capture_output=True)
+        # `ip netns exec` bind-mounts /etc/netns/NAME/hosts over /etc/hosts: the hostname maps to loopback
+        hosts_file = Path("/etc/netns") / namespace / "hosts"
+        hosts_file.parent.mkdir(parents=True, exist_ok=True)
+        hosts_file.write_text(f"127.0.0.1 localhost\n127.0.1.1 {self.hostname(host)}\n")
+        self.private(host).mkdir()
+
+    def command(self, host: int, command: list[str]) -> list[str]:
+        """`command` as run on `host`: its namespace, hostname, /tmp and core."""
+        setup = (f"hostname {self.hostname(host)} && mount --bind {self.private(host)} /tmp && "
+                 f'exec taskset -c {self.cores[host]} "$@"')
+        return ["ip", "netns", "exec", self.namespace(host), "unshare", "--uts", "--mount", "--propagation",
+                "private", "--", "sh", "-c", setup, "sh", *command]
+
+    def start(self, host: int, command: list[str], env: dict | None = None, log: Path | None = None,
+              **options) -> subprocess.Popen:
+        """Start `command` on `host` (in a session of its own); its output goes to `log` when given."""
+        env = {key: value for key, value in (env or os.environ).items() if key not in SOCKET_VARIABLES}
+        output = open(log, "w") if log else subprocess.DEVNULL
+        process = subprocess.Popen(self.command(host, command), env=env, stdout=output, stderr=subprocess.STDOUT,
+                                   start_new_session=True, **options)
+        if log:
+            output.close()
+        self.processes.append(process)
+        return process
+
+    def run(self, host: int, command: list[str], env: dict | None = None, timeout: float = 60) -> str:
+        """Run `command` on `host` to its end; its output (a failure raises CalledProcessError)."""
+        env = {key: value for key, value in (env or os.environ).items() if key not in SOCKET_VARIABLES}
+        return subprocess.run(self.command(host, command), env=env, capture_output=True, text=True, check=True,
+                              timeout=timeout).stdout
+
+    def stop_processes(self) -> None:
+        """End every process started on the hosts, and anything else left in their namespaces."""
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+        self.processes.clear()
+        for host in range(self.hosts):
+            found = subprocess.run(["ip", "netns", "pids", self.namespace(host)], capture_output=True, text=True)
+            for pid in found.stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def close(self) -> None:
+        self.stop_processes()
+        for name in [*(self.namespace(host) for host in range(self.hosts)), f"{self.prefix}-sw"]:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> EmulatedCluster:
+        return self
+
+    def __exit__(self, *exception) -> None:
+        self.close()
