@@ -18,6 +18,7 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import choose_device, get_dist_info, init_process_group, threads_per_worker
 from shoal.cluster.heartbeat import HEARTBEAT_SECONDS, end_silent_peer
+from shoal.cluster.orphan import end_with_parent
 from shoal.errors import EXIT_USAGE, ShoalError
 from shoal.jobs import load_job
 from shoal.process import end_process
@@ -33,6 +34,7 @@ def run(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, help="compute threads (default: cores / local workers)")
     parser.add_argument("--resume", action="store_true", help="continue from the run directory's newest checkpoint")
     args = parser.parse_args(argv)
+    end_with_parent()  # a worker whose launcher died (SIGKILL included) must not train on alone
     info = get_dist_info()
     job = load_job(args.job, args.overrides)
     threads = args.threads or threads_per_worker(job.cluster.threads, info.local_world_size)

@@ -142,6 +142,31 @@ def test_interrupt_then_resume_gives_the_uninterrupted_weights(task, uninterrupt
     assert_same_weights(run_dir, uninterrupted[1])
 
 
+def test_workers_end_when_their_launcher_is_killed(task, tmp_path, project_env):
+    """SIGKILL leaves the launcher no moment to stop its workers: they must notice and stop themselves."""
+    job = write_job(tmp_path / "job.toml", task, delay=0.05)  # about 2.5 s per epoch
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen([sys.executable, "-m", "shoal", "train", str(job), "--workers", "2",
+                                 "--run-dir", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=project_env)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not events(run_dir, "epoch_end"):
+            assert launcher.poll() is None and time.monotonic() < deadline, "the job ended before epoch 1"
+            time.sleep(0.05)
+        workers = [p for p in processes_mentioning(str(run_dir)) if p.pid != launcher.pid]
+        assert len(workers) == 2
+        launcher.kill()
+        launcher.wait(timeout=10)
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, "workers outlived their launcher by more than 10 s"
+    finally:
+        launcher.kill()
+        for process in processes_mentioning(str(run_dir)):
+            process.kill()
+    assert not (run_dir / "model.pt").exists()
+
+
 def test_a_truncated_newest_checkpoint_is_skipped(uninterrupted, tmp_path, project_env):
     run_dir = tmp_path / "run"
     shutil.copytree(uninterrupted[0], run_dir)

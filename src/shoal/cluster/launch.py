@@ -22,6 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from shoal.cluster.heartbeat import HEARTBEAT_SECONDS, fell_silent
+from shoal.cluster.orphan import LAUNCHER_VARIABLE
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
 from shoal.events import WorkerFailed
 
@@ -55,6 +56,7 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, nodes: 
     nodes = nodes or Nodes()
     backend, endpoint, configs = nodes.rendezvous()
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ[LAUNCHER_VARIABLE] = str(os.getpid())  # its workers end themselves once it is gone
     config = LaunchConfig(
         min_nodes=nodes.count,
         max_nodes=nodes.count,

@@ -1,0 +1,54 @@
+"""A worker ends itself when its launcher dies.
+
+torch's launcher starts workers in sessions of their own, so a launcher killed with SIGKILL
+(or lost with its machine's terminal) takes no worker with it: they would train on alone and
+could even write the model. Each worker watches its parent instead: once the process that
+started it is gone (the kernel hands the orphan to init or a subreaper), it stops at once,
+writing nothing more. Polling the parent's pid is used rather than PR_SET_PDEATHSIG, which fires
+when the launcher's starting *thread* ends, not the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+ORPHAN_EXIT = 70  # EX_SOFTWARE: not a failure of the job's own making
+CHECK_SECONDS = 1.0
+LAUNCHER_VARIABLE = "SHOAL_LAUNCHER_PID"
+"""Set by shoal's launcher for its workers: a worker started after its launcher died knows at once."""
+
+
+def end_with_parent(interval: float = CHECK_SECONDS, environment: dict = os.environ) -> threading.Thread:
+    """Watch the current parent from a daemon thread; the thread."""
+    parent = os.getppid()
+    launcher = int(environment.get(LAUNCHER_VARIABLE, parent))
+    if launcher != parent and not _alive(launcher):
+        _stop(launcher)  # orphaned before it started (a live launcher that is not the parent: torchrun's worker)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        _stop(parent)
+
+    thread = threading.Thread(target=watch, name="shoal-orphan-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def _stop(launcher: int) -> None:
+    print(f"shoal worker {os.getpid()}: its launcher (pid {launcher}) is gone; stopping", file=sys.stderr,
+          flush=True)
+    os._exit(ORPHAN_EXIT)  # no teardown: nothing half-done may be written on the way out
