@@ -8,16 +8,19 @@ cluster passes torchrun's node arguments through.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -27,6 +30,7 @@ from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
 from shoal.events import WorkerFailed
 
 SHUTDOWN_SECONDS = 5  # after SIGTERM, how long workers get before SIGKILL
+ELASTIC_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # the signals torch's agent handles
 
 
 @dataclass
@@ -53,11 +57,34 @@ class Nodes:
 def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, nodes: Nodes | None = None,
            resume: bool = False) -> None:
     """Run `workers` local worker processes of the job to completion; raise WorkerError on failure."""
-    nodes = nodes or Nodes()
-    backend, endpoint, configs = nodes.rendezvous()
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ[LAUNCHER_VARIABLE] = str(os.getpid())  # its workers end themselves once it is gone
-    config = LaunchConfig(
+    arguments = ["-u", "-m", "shoal.worker", str(job_file), "--run-dir", str(run_dir), "--threads", str(threads)]
+    if resume:
+        arguments.append("--resume")
+    # torch's default log folder is a /tmp/torchelastic_* left behind by every job
+    logs = tempfile.mkdtemp(prefix="shoal-launch-")
+    config = launch_config(nodes or Nodes(), workers, logs, handled_signals())
+    try:
+        with _quiet_elastic(), _caller_signal_handlers():
+            elastic_launch(config, sys.executable)(*arguments)
+    except ChildFailedError as error:
+        raise describe_failure(error, run_dir) from None
+    except SignalException as error:  # Ctrl-C or SIGTERM: the agent has stopped the workers
+        raise Interrupted(error.sigval) from None
+    except (RuntimeError, ValueError, TimeoutError, OSError) as error:  # rendezvous or store: workers never ran
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise WorkerError(f"could not start the workers through rendezvous {config.rdzv_endpoint}: {reason}") \
+            from None
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def launch_config(nodes: Nodes, workers: int, logs: str, signals: str) -> LaunchConfig:
+    """torch's elastic launch of this node's workers: rendezvous, no restarts of its own, logs in `logs`,
+    `signals` (comma-separated names) stopping the workers."""
+    backend, endpoint, configs = nodes.rendezvous()
+    return LaunchConfig(
         min_nodes=nodes.count,
         max_nodes=nodes.count,
         nproc_per_node=workers,
@@ -71,25 +98,43 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, nodes: 
         shutdown_timeout=SHUTDOWN_SECONDS,
         start_method="spawn",
         local_addr="127.0.0.1" if nodes.count == 1 else None,
+        logs_specs=DefaultLogsSpecs(log_dir=logs),
+        signals_to_handle=signals,
     )
-    arguments = ["-u", "-m", "shoal.worker", str(job_file), "--run-dir", str(run_dir), "--threads", str(threads)]
-    if resume:
-        arguments.append("--resume")
+
+
+def handled_signals() -> str:
+    """The signals torch's agent may take over: a signal the caller ignores (SIGHUP under nohup) stays ignored."""
+    return ",".join(name for name in ELASTIC_SIGNALS if signal.getsignal(getattr(signal, name)) is not signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _quiet_elastic():
+    """shoal reports failures itself, in one line; SHOAL_DEBUG_LAUNCH shows torch's own account."""
     quiet = logging.getLogger("torch.distributed.elastic")
     level = quiet.level
-    # shoal reports failures itself, in one line
     quiet.setLevel(logging.CRITICAL if not os.environ.get("SHOAL_DEBUG_LAUNCH") else logging.INFO)
     try:
-        elastic_launch(config, sys.executable)(*arguments)
-    except ChildFailedError as error:
-        raise describe_failure(error, run_dir) from None
-    except SignalException as error:  # Ctrl-C or SIGTERM: the agent has stopped the workers
-        raise Interrupted(error.sigval) from None
-    except (RuntimeError, ValueError, TimeoutError, OSError) as error:  # rendezvous or store: workers never ran
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise WorkerError(f"could not start the workers through rendezvous {endpoint}: {reason}") from None
+        yield
     finally:
         quiet.setLevel(level)
+
+
+@contextlib.contextmanager
+def _caller_signal_handlers():
+    """torch's agent takes over its signals and never gives them back: the caller's return after the job
+    (a notebook's Ctrl-C, a service's SIGTERM)."""
+    saved = {name: signal.getsignal(getattr(signal, name)) for name in ELASTIC_SIGNALS}
+    try:
+        yield
+    finally:
+        for name, handler in saved.items():
+            if handler is None:  # installed outside Python: nothing to put back
+                continue
+            try:
+                signal.signal(getattr(signal, name), handler)
+            except ValueError:  # not the main thread, where torch installed none either
+                pass
 
 
 class Interrupted(Exception):

@@ -1,0 +1,69 @@
+"""What a job leaves behind in the processes and folders around it: the caller's signal handlers
+back after `shoal.fit`, no launcher folders in the temporary directory, SIGHUP ignored under nohup."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import shoal
+from shoal.events import read_events
+from tests.e2e.jobs import write_job, write_task
+
+TIMEOUT = 240
+LAUNCHER_FOLDERS = ("torchelastic_*", "shoal-launch-*")
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return write_task(tmp_path_factory.mktemp("task"), rows=2000, test_rows=200)
+
+
+def launcher_folders() -> set[Path]:
+    temporary = Path(tempfile.gettempdir())
+    return {path for pattern in LAUNCHER_FOLDERS for path in temporary.glob(pattern)}
+
+
+def test_fit_gives_the_callers_signal_handlers_back_and_leaves_no_folders(task, tmp_path):
+    def mine(signum, frame):
+        raise AssertionError("not expected to run")
+
+    before = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)}
+    folders = launcher_folders()
+    signal.signal(signal.SIGTERM, mine)
+    try:
+        shoal.fit(write_job(tmp_path / "job.toml", *task, epochs=1), workers=2, run_dir=tmp_path / "run")
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
+        assert signal.getsignal(signal.SIGQUIT) is before[signal.SIGQUIT]
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+    assert launcher_folders() <= folders, "the job left a launcher folder in the temporary directory"
+
+
+def test_sighup_is_ignored_under_nohup(task, tmp_path, project_env):
+    job = write_job(tmp_path / "job.toml", *task, epochs=3)
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(  # as `nohup shoal train ...` starts it: SIGHUP ignored
+        [sys.executable, "-m", "shoal", "train", str(job), "--workers", "2", "--run-dir", str(run_dir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=project_env,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not any(record["event"] == "epoch_end" for record in read_events(run_dir)):
+            assert launcher.poll() is None and time.monotonic() < deadline, "the job ended before epoch 1"
+            time.sleep(0.05)
+        os.kill(launcher.pid, signal.SIGHUP)  # the terminal closes
+        _, stderr = launcher.communicate(timeout=TIMEOUT)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, stderr
+    assert (run_dir / "model.pt").is_file()
