@@ -119,6 +119,7 @@ def test_torchrun_runs_the_worker_module(task, tmp_path, project_env):
     run_dir = tmp_path / "run"
     finished = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "--log-dir", str(tmp_path / "torchrun-logs"),  # torchrun's default is a /tmp folder it never removes
          "-m", "shoal.worker", str(job), "--run-dir", str(run_dir)],
         capture_output=True, text=True, env=project_env, timeout=TIMEOUT)
     assert finished.returncode == 0, finished.stderr
