@@ -64,8 +64,8 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, nodes: 
         arguments.append("--resume")
     # torch's default log folder is a /tmp/torchelastic_* left behind by every job
     logs = tempfile.mkdtemp(prefix="shoal-launch-")
-    config = launch_config(nodes or Nodes(), workers, logs, handled_signals())
     try:
+        config = launch_config(nodes or Nodes(), workers, logs, handled_signals())  # raises only ConfigError
         with _quiet_elastic(), _caller_signal_handlers():
             elastic_launch(config, sys.executable)(*arguments)
     except ChildFailedError as error:
