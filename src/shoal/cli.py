@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -338,6 +339,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_torch()
     args = parser().parse_args(argv)
     try:
         return args.handler(args)
@@ -347,6 +349,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("shoal: interrupted", file=sys.stderr)
         return 130
+
+
+def quiet_torch(environment: dict = os.environ) -> None:
+    """torch's C++ warnings (a c10d store line per connection on a cluster) stay out of the user's terminal;
+    errors still show, and TORCH_CPP_LOG_LEVEL or SHOAL_DEBUG_LAUNCH bring the rest back. Set before torch
+    loads, and inherited by the workers."""
+    if not environment.get("SHOAL_DEBUG_LAUNCH"):
+        environment.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
 def run() -> None:

@@ -57,6 +57,7 @@ def train_on_two_hosts(cluster, job: str, run_dir, env, *options: str) -> None:
         launcher.wait(timeout=max(deadline - time.monotonic(), 1))
         log = (cluster.shared / f"{run_dir.name}-{host}.log").read_text()
         assert launcher.returncode == 0, f"host {host}:\n{log[-3000:]}"
+        assert "socket.cpp" not in log, "torch's store warnings reached the terminal"
 
 
 def train_on_one_host(job: str, run_dir, env) -> None:
