@@ -16,8 +16,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from shoal.cluster.interface import SOCKET_VARIABLES
+
 SUBNET = "10.77.0"
-SOCKET_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 
 
 def missing_requirements(hosts: int) -> str | None:
@@ -30,6 +31,11 @@ def missing_requirements(hosts: int) -> str | None:
     if len(os.sched_getaffinity(0)) < hosts:
         return f"the emulated cluster pins each of its {hosts} hosts to its own core; this machine has fewer"
     return None
+
+
+def unset_interfaces(env: dict | None) -> dict:
+    """`env` (default: this process's) without a chosen network interface: hosts find theirs as a user's would."""
+    return {key: value for key, value in (env or os.environ).items() if key not in SOCKET_VARIABLES}
 
 
 def _ip(*arguments: str) -> None:
@@ -103,10 +109,9 @@ class EmulatedCluster:
     def start(self, host: int, command: list[str], env: dict | None = None, log: Path | None = None,
               **options) -> subprocess.Popen:
         """Start `command` on `host` (in a session of its own); its output goes to `log` when given."""
-        env = {key: value for key, value in (env or os.environ).items() if key not in SOCKET_VARIABLES}
         output = open(log, "w") if log else subprocess.DEVNULL
-        process = subprocess.Popen(self.command(host, command), env=env, stdout=output, stderr=subprocess.STDOUT,
-                                   start_new_session=True, **options)
+        process = subprocess.Popen(self.command(host, command), env=unset_interfaces(env), stdout=output,
+                                   stderr=subprocess.STDOUT, start_new_session=True, **options)
         if log:
             output.close()
         self.processes.append(process)
@@ -114,9 +119,8 @@ class EmulatedCluster:
 
     def run(self, host: int, command: list[str], env: dict | None = None, timeout: float = 60) -> str:
         """Run `command` on `host` to its end; its output (a failure raises CalledProcessError)."""
-        env = {key: value for key, value in (env or os.environ).items() if key not in SOCKET_VARIABLES}
-        return subprocess.run(self.command(host, command), env=env, capture_output=True, text=True, check=True,
-                              timeout=timeout).stdout
+        return subprocess.run(self.command(host, command), env=unset_interfaces(env), capture_output=True, text=True,
+                              check=True, timeout=timeout).stdout
 
     def stop_processes(self) -> None:
         """End every process started on the hosts, and anything else left in their namespaces."""

@@ -10,10 +10,14 @@ from __future__ import annotations
 from shoal.errors import ConfigError
 
 
+def is_step_count(value) -> bool:
+    """An integer >= 1 (a TOML `true` is not a count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def check_period(key: str, period) -> None:
     """A period is "epoch" or a number of steps >= 1."""
-    steps = isinstance(period, int) and not isinstance(period, bool) and period >= 1
-    if period != "epoch" and not steps:
+    if period != "epoch" and not is_step_count(period):
         raise ConfigError(f"{key}: must be \"epoch\" or a number of steps >= 1, got {period!r}")
 
 
@@ -21,7 +25,7 @@ def check_group_period(group_period, period) -> None:
     """`group_period`: unset, or a number of steps >= 1 below a step `period`."""
     if group_period is None:
         return
-    if isinstance(group_period, bool) or not isinstance(group_period, int) or group_period < 1:
+    if not is_step_count(group_period):
         raise ConfigError(f"algorithm.group_period: must be a number of steps >= 1, got {group_period!r}")
     if period != "epoch" and group_period >= period:
         raise ConfigError(f"algorithm.group_period: must be smaller than algorithm.period ({period}), or no "

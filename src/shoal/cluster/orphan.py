@@ -15,6 +15,8 @@ import sys
 import threading
 import time
 
+import psutil
+
 ORPHAN_EXIT = 70  # EX_SOFTWARE: not a failure of the job's own making
 CHECK_SECONDS = 1.0
 LAUNCHER_VARIABLE = "SHOAL_LAUNCHER_PID"
@@ -25,7 +27,7 @@ def end_with_parent(interval: float = CHECK_SECONDS, environment: dict = os.envi
     """Watch the current parent from a daemon thread; the thread."""
     parent = os.getppid()
     launcher = int(environment.get(LAUNCHER_VARIABLE, parent))
-    if launcher != parent and not _alive(launcher):
+    if launcher != parent and not psutil.pid_exists(launcher):
         _stop(launcher)  # orphaned before it started (a live launcher that is not the parent: torchrun's worker)
 
     def watch() -> None:
@@ -36,16 +38,6 @@ def end_with_parent(interval: float = CHECK_SECONDS, environment: dict = os.envi
     thread = threading.Thread(target=watch, name="shoal-orphan-watch", daemon=True)
     thread.start()
     return thread
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
 
 
 def _stop(launcher: int) -> None:

@@ -7,6 +7,7 @@ the same steps `python -m shoal.worker` takes, with a world-of-one communicator 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,15 +42,23 @@ def weights(run_dir) -> dict:
     return load_model(run_dir).state_dict()
 
 
-def test_a_job_runs_through_the_named_steps_in_process(tmp_path):
+def world_of_one(tmp_path) -> tuple[Runner, Path]:
+    """A runner of the tiny job as rank 0 of 1, and its run directory."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    runner = Runner(job(tmp_path), DistInfo(), run_dir, threads=1, comm=Communicator(0, 1))
+    return Runner(job(tmp_path), DistInfo(), run_dir, threads=1, comm=Communicator(0, 1)), run_dir
+
+
+def test_a_job_runs_through_the_named_steps_in_process(tmp_path):
+    runner, run_dir = world_of_one(tmp_path)
     try:
         runner.setup()
         runner.load_data()
         runner.resume()
+        # a slow data load must not leave an empty events file that `shoal status` reads as a stalled job
+        assert not (run_dir / "events.jsonl").exists()
         runner.start()
+        assert [record["event"] for record in events(run_dir)] == ["job_start", "data_loaded"]
         for epoch in range(3):
             runner.end_epoch(epoch, runner.run_epoch(epoch))
             assert runner.epoch_loop.global_step == (epoch + 1) * runner.steps  # the trainer counts its steps
@@ -62,27 +71,9 @@ def test_a_job_runs_through_the_named_steps_in_process(tmp_path):
     assert sorted(path.name for path in (run_dir / "checkpoints").iterdir()) == ["epoch-00002", "epoch-00003"]
 
 
-def test_no_events_before_the_job_is_announced(tmp_path):
-    """A slow data load must not leave an empty events file that `shoal status` reads as a stalled job."""
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    runner = Runner(job(tmp_path), DistInfo(), run_dir, threads=1, comm=Communicator(0, 1))
-    try:
-        runner.setup()
-        runner.load_data()
-        runner.resume()
-        assert not (run_dir / "events.jsonl").exists()
-        runner.start()
-        assert [record["event"] for record in events(run_dir)] == ["job_start", "data_loaded"]
-    finally:
-        runner.finish()
-
-
 def test_a_failing_rank_beats_on_until_its_process_ends(tmp_path):
     """Its heartbeat must not stop first: the failure would be blamed on it going quiet."""
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    runner = Runner(job(tmp_path), DistInfo(), run_dir, threads=1, comm=Communicator(0, 1))
+    runner, _ = world_of_one(tmp_path)
 
     def broken(epoch):
         raise RuntimeError("boom")
