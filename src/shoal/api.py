@@ -7,15 +7,15 @@ from pathlib import Path
 
 import torch
 
-from shoal.cluster import heartbeat
 from shoal.cluster.env import threads_per_worker
-from shoal.cluster.launch import Interrupted, Nodes, launch
+from shoal.cluster.rendezvous import Nodes
 from shoal.config import JobConfig, apply_overrides
-from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
-from shoal.events import EpochEnd, JobEnd, JobRestarted, WorkerFailed, append_event, read_history
+from shoal.errors import ConfigError
+from shoal.events import EpochEnd, read_history
 from shoal.jobs import from_dict, load_job
+from shoal.supervisor import Plan, supervise
 from shoal.train.artifacts import load_model
-from shoal.train.checkpoint import check_resumable, find_latest
+from shoal.train.checkpoint import check_resumable
 from shoal.train.directory import JOB_FILE, new_run_dir, write_job_file
 from shoal.train.prepare import check_world_size, prepare
 
@@ -50,14 +50,15 @@ def resolve_job(job: str | Path | JobConfig | dict, overrides=(), workers: int |
 
 def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: bool = False,
           max_restarts: int = 0) -> None:
-    """Check the job, write its resolved file into the run directory and run its workers.
+    """Check the job, write its resolved file into this machine's run directory and run its workers.
 
-    A failed attempt is recorded in the events; with restarts left, the workers start again from
-    the newest checkpoint. Errors in the user's input (exit status 2, a NaN loss among them) would
-    fail again the same way and are not retried.
+    A failed attempt is recorded in the events; with restarts left, every machine's workers start
+    again from the newest checkpoint. Errors in the user's input (exit status 2, a NaN loss among
+    them) would fail again the same way and are not retried.
     """
+    nodes = nodes or Nodes()
     prepared = prepare(job)
-    world_size = job.cluster.workers * (nodes.count if nodes else 1)
+    world_size = job.cluster.workers * nodes.count
     check_world_size(job, world_size, prepared.train_set)
     if resume:
         check_resumable(run_dir, job, prepared.spec, prepared.train_set.rows, world_size)
@@ -65,32 +66,8 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
     job.output.run_dir = str(run_dir)
     job_file = write_job_file(run_dir, job)
     threads = threads_per_worker(job.cluster.threads, job.cluster.workers)
-    restarts = 0
-    coordinator_here = nodes is None or nodes.count == 1 or nodes.rank == 0  # the node that writes events
-    while True:
-        try:
-            heartbeat.clear(run_dir)
-            launch(job_file, run_dir, workers=job.cluster.workers, threads=threads, nodes=nodes, resume=resume)
-            return
-        except WorkerError as error:
-            if coordinator_here:
-                append_event(run_dir, error.failure or WorkerFailed(message=str(error)))
-            if error.exit_code == EXIT_USAGE or restarts >= max_restarts:
-                if coordinator_here:
-                    append_event(run_dir, JobEnd(status="failed", message=str(error)))
-                raise
-            restarts += 1
-            resume = True
-            if coordinator_here:
-                found = find_latest(run_dir, world_size)
-                from_epoch = found.epoch if found else 0
-                reached = read_history(run_dir).reached_epoch()
-                append_event(run_dir, JobRestarted(restart=restarts, from_epoch=from_epoch,
-                                                   epochs_redone=reached + 1 - from_epoch))
-        except Interrupted as interrupt:
-            if coordinator_here:
-                append_event(run_dir, JobEnd(status="interrupted", message=str(interrupt)))
-            raise
+    supervise(Plan(job_file, run_dir, workers=job.cluster.workers, threads=threads, timeout=job.cluster.timeout,
+                   max_restarts=max_restarts, resume=resume), nodes)
 
 
 def fit(job: str | Path | JobConfig | dict, *, workers: int | None = None, run_dir: str | Path | None = None,

@@ -16,7 +16,8 @@ DESCRIPTION = "shoal: train one neural network across many commodity machines."
 def command_train(args: argparse.Namespace) -> int:
     from shoal.api import resolve_job, result, start
     from shoal.cluster.interface import use_interface
-    from shoal.cluster.launch import Interrupted, Nodes
+    from shoal.cluster.rendezvous import Nodes
+    from shoal.cluster.signals import Interrupted
     from shoal.train.directory import new_run_dir
 
     if args.resume is not None:
@@ -36,10 +37,9 @@ def command_train(args: argparse.Namespace) -> int:
     if args.node_rank is not None and not 0 <= args.node_rank < args.nnodes:
         raise ShoalError(f"--node-rank: must be in 0..{args.nnodes - 1}, got {args.node_rank}")
     if args.nnodes > 1 and args.run_dir is None and args.resume is None and not job.output.run_dir:
-        # each machine would pick its own dated folder and checkpoints would never be whole
-        raise ShoalError("--run-dir: required with --nnodes > 1 (the same folder, shared by all machines)")
-    nodes = Nodes(count=args.nnodes, rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id,
-                  backend=args.rdzv_backend)
+        # each machine would pick its own dated folder, and a resume would not find the others'
+        raise ShoalError("--run-dir: required with --nnodes > 1 (the same path on every machine)")
+    nodes = Nodes(count=args.nnodes, rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id)
     if args.interface:
         use_interface(args.interface)  # the workers inherit it
     try:
@@ -183,7 +183,7 @@ def command_scaling(args: argparse.Namespace) -> int:
     from shoal.bench.grid import parse_ratios, parse_rows, parse_workers
     from shoal.bench.report import write_report
     from shoal.bench.study import run_study
-    from shoal.cluster.launch import Interrupted
+    from shoal.cluster.signals import Interrupted
 
     job = resolve_job(args.job, args.overrides)
     rows = parse_rows(args.sizes) if args.sizes is not None else None
@@ -221,11 +221,11 @@ def parser() -> argparse.ArgumentParser:
                        help="override a job key, e.g. --set train.epochs=3 (repeatable)")
     cluster = train.add_argument_group("multi-machine (torchrun's arguments)")
     cluster.add_argument("--nnodes", type=int, default=1, help="machines in the job")
-    cluster.add_argument("--node-rank", type=int, help="this machine's rank (static rendezvous)")
-    cluster.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous (on a trusted network)")
-    cluster.add_argument("--rdzv-id", help="a job id shared by all machines")
-    cluster.add_argument("--rdzv-backend", choices=["c10d", "static"],
-                         help="default: static with --node-rank, else c10d")
+    cluster.add_argument("--node-rank", type=int,
+                         help="this machine's rank (default: 0 on the endpoint's machine, others in order of arrival)")
+    cluster.add_argument("--rdzv-endpoint", help="HOST:PORT on the first machine, where the machines meet "
+                         "(on a trusted network)")
+    cluster.add_argument("--rdzv-id", help="a job id shared by all machines (default: shoal)")
     cluster.add_argument("--interface", metavar="NAME",
                          help="network interface the workers talk on (default: the one that reaches the endpoint)")
     train.set_defaults(handler=command_train)

@@ -28,3 +28,5 @@ class WorkerError(ShoalError):
     exit_code = 1
     failure = None
     """The root cause as a `shoal.events.WorkerFailed`, when the launcher found one."""
+    consequence = False
+    """The workers here only failed because something failed elsewhere (another node holds the cause)."""

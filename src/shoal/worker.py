@@ -17,7 +17,6 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import choose_device, get_dist_info, init_process_group, threads_per_worker
-from shoal.cluster.heartbeat import HEARTBEAT_SECONDS, end_silent_peer
 from shoal.cluster.orphan import end_with_parent
 from shoal.errors import EXIT_USAGE, ShoalError
 from shoal.jobs import load_job
@@ -48,11 +47,6 @@ def run(argv: list[str] | None = None) -> dict:
             run_dir.mkdir(parents=True, exist_ok=True)
             write_job_file(run_dir, job, replace=False)
         return run_worker(job, info, run_dir, threads, resume=args.resume)
-    except RuntimeError as error:
-        if "timed out" in str(error).lower():  # a peer stopped answering: report, then do not let it linger
-            ErrorHandler().record_exception(error)
-            end_silent_peer(run_dir, info.rank, info.host, silent_for=2 * HEARTBEAT_SECONDS)
-        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

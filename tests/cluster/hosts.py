@@ -122,6 +122,18 @@ class EmulatedCluster:
         return subprocess.run(self.command(host, command), env=unset_interfaces(env), capture_output=True, text=True,
                               check=True, timeout=timeout).stdout
 
+    def cut_link(self, host: int) -> None:
+        """Take `host`'s network link down, as a pulled cable would (no packet is answered or refused)."""
+        _ip("-n", self.namespace(host), "link", "set", "eth0", "down")
+
+    def restore_link(self, host: int) -> None:
+        _ip("-n", self.namespace(host), "link", "set", "eth0", "up")
+
+    def pids(self, host: int) -> list[int]:
+        """Every process still running on `host`."""
+        found = subprocess.run(["ip", "netns", "pids", self.namespace(host)], capture_output=True, text=True)
+        return [int(pid) for pid in found.stdout.split()]
+
     def stop_processes(self) -> None:
         """End every process started on the hosts, and anything else left in their namespaces."""
         for process in self.processes:
@@ -130,10 +142,9 @@ class EmulatedCluster:
             process.wait(timeout=10)
         self.processes.clear()
         for host in range(self.hosts):
-            found = subprocess.run(["ip", "netns", "pids", self.namespace(host)], capture_output=True, text=True)
-            for pid in found.stdout.split():
+            for pid in self.pids(host):
                 try:
-                    os.kill(int(pid), signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
 

@@ -4,65 +4,13 @@ exactly the weights of the same job (same world size) on one host."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from shoal.train.artifacts import load_model
-from tests.distributed.common import write_dataset
-
-PORT = 29400
-JOB_SECONDS = 120
-
-
-def write_job(folder, algorithm: str) -> str:
-    train = folder / "train"
-    if not train.exists():
-        write_dataset(train, rows=600, seed=1)
-    path = folder / f"{algorithm}.toml"
-    path.write_text(f"""
-[model]
-input = [6]
-layers = [{{ dense = 16, activation = "tanh" }}, {{ dense = 3 }}]
-[data]
-train = "{train}"
-[algorithm]
-name = "{algorithm}"
-[train]
-epochs = 2
-batch_size = 32
-optimizer = {{ name = "sgd", lr = 0.1 }}
-[cluster]
-threads = 1
-timeout = 60
-[output]
-progress = "none"
-""")
-    return str(path)
-
-
-def train_on_two_hosts(cluster, job: str, run_dir, env, *options: str) -> None:
-    """`shoal train` on each host, as the README's Many machines section says; both must succeed."""
-    launchers = []
-    for host in range(2):
-        command = [sys.executable, "-m", "shoal", "train", job, "--workers", "1", "--nnodes", "2",
-                   "--node-rank", str(host), "--rdzv-endpoint", f"{cluster.address(0)}:{PORT}",
-                   "--run-dir", str(run_dir), *options]
-        launchers.append(cluster.start(host, command, env=env, log=cluster.shared / f"{run_dir.name}-{host}.log"))
-    deadline = time.monotonic() + JOB_SECONDS
-    for host, launcher in enumerate(launchers):
-        launcher.wait(timeout=max(deadline - time.monotonic(), 1))
-        log = (cluster.shared / f"{run_dir.name}-{host}.log").read_text()
-        assert launcher.returncode == 0, f"host {host}:\n{log[-3000:]}"
-        assert "socket.cpp" not in log, "torch's store warnings reached the terminal"
-
-
-def train_on_one_host(job: str, run_dir, env) -> None:
-    subprocess.run([sys.executable, "-m", "shoal", "train", job, "--workers", "2", "--run-dir", str(run_dir)],
-                   env=env, check=True, capture_output=True, timeout=JOB_SECONDS)
+from tests.cluster.jobs import train_on_one_host, train_on_two_hosts, write_job
 
 
 def test_a_host_reaches_the_other_through_its_own_interface(two_hosts, project_env):
@@ -82,9 +30,11 @@ def test_two_hosts_end_with_the_weights_of_one(two_hosts, project_env, tmp_path,
         assert torch.equal(tensor, other), name
 
 
-@pytest.mark.parametrize(("algorithm", "options"), [("downpour", ["--interface", "eth0"]), ("easgd", [])])
-def test_server_algorithms_train_across_two_hosts(two_hosts, project_env, algorithm, options):
+@pytest.mark.parametrize(("algorithm", "options", "node_ranks"),
+                         [("downpour", ["--interface", "eth0"], True), ("easgd", [], False)])
+def test_server_algorithms_train_across_two_hosts(two_hosts, project_env, algorithm, options, node_ranks):
+    """Without --node-rank the endpoint's machine is node 0 and the other joins as node 1."""
     job = write_job(two_hosts.shared, algorithm)
     run_dir = two_hosts.shared / f"run-{algorithm}"
-    train_on_two_hosts(two_hosts, job, run_dir, project_env, *options)
+    train_on_two_hosts(two_hosts, job, run_dir, project_env, *options, node_ranks=node_ranks)
     assert (run_dir / "model.pt").is_file()

@@ -53,14 +53,14 @@ def test_bad_input_is_one_line_naming_the_culprit(case, task, tmp_path, capsys):
     assert not run_dir.exists()
 
 
-def test_many_machines_need_one_shared_run_directory(task, tmp_path, capsys, monkeypatch):
+def test_many_machines_need_one_run_directory_path(task, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     train, test = task
     job = write_job(tmp_path / "job.toml", train, test)
     status = main(["train", str(job), "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400"])
     assert status == 2
     assert capsys.readouterr().err.strip() == (
-        "shoal: error: --run-dir: required with --nnodes > 1 (the same folder, shared by all machines)")
+        "shoal: error: --run-dir: required with --nnodes > 1 (the same path on every machine)")
     assert not (tmp_path / "runs").exists()
 
 

@@ -1,8 +1,10 @@
 """What a job leaves behind in the processes and folders around it: the caller's signal handlers
-back after `shoal.fit`, no launcher folders in the temporary directory, SIGHUP ignored under nohup."""
+back after `shoal.fit`, no launcher folders in the temporary directory, SIGHUP ignored under nohup,
+and nothing listening beyond loopback."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import subprocess
@@ -11,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 import shoal
@@ -67,3 +70,25 @@ def test_sighup_is_ignored_under_nohup(task, tmp_path, project_env):
         launcher.kill()
     assert launcher.returncode == 0, stderr
     assert (run_dir / "model.pt").is_file()
+
+
+def test_a_job_on_one_machine_listens_on_loopback_only(task, tmp_path, project_env):
+    """torch's store is unauthenticated (and unpickles what it is sent): nothing of it may face the network."""
+    job = write_job(tmp_path / "job.toml", *task, epochs=20)
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "train", str(job), "--workers", "2", "--run-dir", str(run_dir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=project_env)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not any(record["event"] == "epoch_end" for record in read_events(run_dir)):
+            assert launcher.poll() is None and time.monotonic() < deadline, "the job ended before epoch 1"
+            time.sleep(0.05)
+        job_processes = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(recursive=True)]
+        listening = [connection.laddr for process in job_processes
+                     for connection in process.net_connections(kind="inet") if connection.status == psutil.CONN_LISTEN]
+    finally:
+        launcher.terminate()  # a clean stop: a SIGKILLed launcher could not remove its folder
+        launcher.communicate(timeout=30)
+    assert len(listening) >= 3  # the job's store, the workers' store, gloo's listeners
+    assert all(ipaddress.ip_address(address.ip).is_loopback for address in listening), listening

@@ -1,54 +1,111 @@
-"""Heartbeats: each worker notes that it is alive, and its step, in a small file every second.
+"""Liveness: each worker beats into the job's store every second and listens to the others' beats.
 
 When a collective times out, the rank that reports the error is rarely the one at fault: the
-one that stopped answering is. A background thread writes the heartbeat, so a worker blocked
-in a collective (waiting, alive) keeps beating while a stopped or wedged one falls silent; the
-launcher names the rank whose heartbeat went quiet first.
+one that stopped answering is. A background thread beats, so a worker blocked in a collective
+(waiting, alive) keeps beating while a stopped, wedged or cut-off one falls silent. The beats
+live in the store every rank already reaches (MASTER_ADDR), not in files on a shared disk, and
+each worker judges silence by when *it* last saw another's beat change, on its own clock:
+nothing compares the clocks of different machines. The first worker to time out records its
+verdict in the store, where shoal's launcher reads it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 import time
-from pathlib import Path
+from datetime import timedelta
 
-HEARTBEATS = "heartbeats"
+import torch.distributed as dist
+
+from shoal.cluster.env import DistInfo
+from shoal.cluster.store import Bounded
+from shoal.errors import WorkerError
+
 HEARTBEAT_SECONDS = 1.0
+SILENT_KEY = "shoal/silent"
+STORE_SECONDS = 5.0
+
+
+def beat_key(rank: int) -> str:
+    return f"shoal/beat/{rank}"
+
+
+def liveness_store(info: DistInfo) -> dist.Store:
+    """A connection of this worker's own to the job's store; a private one when alone or without one."""
+    address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if info.world_size > 1 and address and port:
+        try:
+            return dist.TCPStore(address, int(port), is_master=False, wait_for_workers=False,
+                                 timeout=timedelta(seconds=STORE_SECONDS))
+        except (RuntimeError, ValueError):  # no store after all: liveness stays local
+            pass
+    return dist.HashStore()
 
 
 class Heartbeat:
-    """Rewrites RUN_DIR/heartbeats/rank-R.json every `interval` seconds from a daemon thread."""
+    """Beats as `rank` and hears every other rank, from a daemon thread, every `interval` seconds."""
 
-    def __init__(self, run_dir: Path, rank: int, host: str, interval: float = HEARTBEAT_SECONDS):
-        folder = Path(run_dir) / HEARTBEATS
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / f"rank-{rank:05d}.json"
-        self.rank, self.host, self.interval = rank, host, interval
+    def __init__(self, store: dist.Store, rank: int, world_size: int, host: str,
+                 interval: float = HEARTBEAT_SECONDS):
+        self.store, self.rank, self.world_size, self.host, self.interval = store, rank, world_size, host, interval
         self.step = 0
+        self.count = 0
+        self.heard: dict[int, tuple[float, dict]] = {}  # rank -> (when its beat last changed here, the beat)
+        self.started = time.monotonic()
         self._stop = threading.Event()
-        self._write()
+        self._beat()
         self._thread = threading.Thread(target=self._run, name="shoal-heartbeat", daemon=True)
         self._thread.start()
 
     def beat(self, step: int) -> None:
-        """Note the step reached (cheap: the thread writes it)."""
+        """Note the step reached (cheap: the thread sends it)."""
         self.step = step
 
-    def _write(self) -> None:
-        temporary = self.path.with_suffix(".tmp")
-        temporary.write_text(json.dumps({"rank": self.rank, "host": self.host, "step": self.step,
-                                         "time": time.time(), "pid": os.getpid()}))
-        os.replace(temporary, self.path)
+    def _beat(self) -> None:
+        self.count += 1
+        self.store.set(beat_key(self.rank), json.dumps({"rank": self.rank, "host": self.host, "step": self.step,
+                                                         "count": self.count}))
+
+    def _listen(self) -> None:
+        """Note, on this machine's clock, each rank whose beat changed since the last look."""
+        ranks = [rank for rank in range(self.world_size) if rank in self.heard or self.store.check([beat_key(rank)])]
+        values = self.store.multi_get([beat_key(rank) for rank in ranks]) if ranks else []
+        now = time.monotonic()
+        for rank, value in zip(ranks, values):
+            beat = json.loads(value)
+            if rank not in self.heard or self.heard[rank][1]["count"] != beat["count"]:
+                self.heard[rank] = (now, beat)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                self._write()
-            except OSError:  # a full or vanished disk must not kill training
+                self._beat()
+                self._listen()
+            except (RuntimeError, ValueError, OSError):  # the store out of reach must not end training
                 pass
+
+    def silent(self, gap: float) -> dict | None:
+        """The beat of the rank heard from longest ago, when every other rank was heard `gap` seconds or
+        more after it; a rank never heard counts as silent since this worker began listening."""
+        if self.world_size < 2:
+            return None
+        last = {rank: self.heard.get(rank, (self.started, {"rank": rank, "host": "?", "step": None}))
+                for rank in range(self.world_size)}
+        last[self.rank] = (time.monotonic(), last[self.rank][1])  # this worker is, by definition, alive
+        (quiet_time, quiet), (next_time, _) = sorted(last.values(), key=lambda heard: heard[0])[:2]
+        return quiet if next_time - quiet_time >= gap else None
+
+    def blame(self, gap: float = 2 * HEARTBEAT_SECONDS) -> dict | None:
+        """After a collective timed out: the silent rank, recorded once in the store for the launcher."""
+        quiet = self.silent(gap)
+        if quiet is not None:
+            try:  # bounded: over a cut link the request would never return
+                Bounded(self.store).compare_set(SILENT_KEY, "", json.dumps(quiet))
+            except (RuntimeError, ValueError, WorkerError):
+                pass
+        return quiet
 
     def close(self) -> None:
         self._stop.set()
@@ -56,47 +113,3 @@ class Heartbeat:
     @property
     def beating(self) -> bool:
         return self._thread.is_alive() and not self._stop.is_set()
-
-
-def end_silent_peer(run_dir: Path, rank: int, host: str, silent_for: float) -> dict | None:
-    """After a collective timed out: kill the quietest worker if it is on this host and silent.
-
-    A stopped or wedged worker ignores the launcher's SIGTERM, and the launcher would wait
-    before escalating; ending it here lets the job fail at once. Returns its heartbeat.
-    """
-    quiet = fell_silent(run_dir, silent_for)
-    if quiet is None or quiet["rank"] == rank or quiet["host"] != host:
-        return None
-    try:  # only a shoal worker: a pid from an old heartbeat may belong to anything by now
-        with open(f"/proc/{quiet['pid']}/cmdline", "rb") as handle:
-            if b"shoal.worker" not in handle.read():
-                return None
-        os.kill(quiet["pid"], signal.SIGKILL)
-    except OSError:
-        return None
-    return quiet
-
-
-def clear(run_dir: Path) -> None:
-    """Forget the heartbeats of an earlier attempt, which would blame the wrong rank."""
-    for path in (Path(run_dir) / HEARTBEATS).glob("rank-*"):
-        path.unlink(missing_ok=True)
-
-
-def fell_silent(run_dir: Path, gap: float) -> dict | None:
-    """The heartbeat of a rank that went quiet `gap` seconds or more before every other one did.
-
-    Compared with the other ranks rather than the clock, so it still names the culprit after
-    all workers have ended.
-    """
-    beats = []
-    for path in (Path(run_dir) / HEARTBEATS).glob("rank-*.json"):
-        try:
-            beats.append(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
-    if len(beats) < 2:
-        return None
-    beats.sort(key=lambda beat: beat["time"])
-    quiet, others = beats[0], beats[1:]
-    return quiet if min(beat["time"] for beat in others) - quiet["time"] >= gap else None

@@ -5,6 +5,7 @@ told an interface. On a stock Debian or Ubuntu machine the hostname resolves to 
 peers on other machines are told to connect to their own loopback and the job never starts.
 The kernel already knows the right interface: the one it would send from to reach the
 rendezvous host. Asking it sends no packet (a UDP socket's connect only picks a route).
+A job on one machine meets on 127.0.0.1, so its workers talk on loopback only.
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ def interface_with(address: str) -> str | None:
 
 
 def interface_to(host: str) -> str | None:
-    """The interface whose address routes to `host`; None when that is loopback (one machine) or unknown."""
+    """The interface whose address routes to `host` (loopback's for a job on one machine); None when unknown."""
     source = route_source(host)
-    if source is None or ipaddress.ip_address(source).is_loopback:
-        return None
-    return interface_with(source)
+    if source is not None and ipaddress.ip_address(source).is_loopback:
+        source = "127.0.0.1" if ipaddress.ip_address(source).version == 4 else "::1"  # 127.0.1.1 too is lo's
+    return None if source is None else interface_with(source)
 
 
 def use_interface(name: str, environment: dict = os.environ) -> None:
@@ -59,7 +60,8 @@ def use_interface(name: str, environment: dict = os.environ) -> None:
 def choose_interface(environment: dict = os.environ) -> str | None:
     """Set gloo's and NCCL's interface to the one that reaches MASTER_ADDR, unless the user set them.
 
-    Returns the interface chosen, or None when nothing was set (one machine, or chosen by the user).
+    Returns the interface chosen, or None when nothing was set (chosen by the user, or unknown). On
+    one machine that is loopback, so a single-machine job listens nowhere else.
     """
     if any(name in environment for name in SOCKET_VARIABLES) or "MASTER_ADDR" not in environment:
         return None

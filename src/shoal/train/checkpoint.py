@@ -6,8 +6,10 @@ world size and what the coordinator needs to go on). The folder is assembled und
 temporary name and renamed only when every file is in it, so a writer that dies leaves the
 previous checkpoint valid. All files are read with `torch.load(weights_only=True)`.
 
-Every rank writes its own file, so the checkpoints folder must be one folder shared by all
-nodes of a multi-machine job (the usual network file system) for them to be complete.
+On a cluster the run directory may be one folder shared by every machine or each machine's own:
+each rank writes its file into the folder it sees, and the first rank of each folder (found at
+the start by a marker file rank 0 leaves) checks that every file of its folder's ranks is there
+before renaming. Resuming takes the newest epoch every rank holds, agreed over the process group.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,26 +73,38 @@ def restore_random_state(state: dict, device: torch.device) -> None:
 
 
 class Checkpointer:
-    """Writes this job's checkpoints; every rank calls `save` together (it has barriers)."""
+    """Writes this job's checkpoints; every rank calls `__init__` and `save` together (they are collective)."""
 
-    def __init__(self, run_dir: Path, comm: Communicator, keep: int):
+    def __init__(self, run_dir: Path, comm: Communicator, keep: int, hosts: list[str] | None = None):
+        """`hosts`: each rank's host, to tell apart the folders of machines that share none (default: one)."""
+        hosts = hosts or [""] * comm.world_size
         self.root = Path(run_dir) / CHECKPOINTS
         self.comm, self.keep = comm, keep
+        shares = shares_folder(Path(run_dir), comm)
+        rank = comm.rank
+        self.group = [other for other in range(comm.world_size)
+                      if shares[other] == shares[rank] and (shares[rank] or hosts[other] == hosts[rank])]
+        self.keeper = self.group[0] == rank  # assembles and renames its folder's checkpoint
 
     def save(self, epoch: int, rank_state: dict, coordinator_state: dict | None) -> Path:
         """Write checkpoint `epoch` (epochs completed); returns its final path."""
         final = self.root / folder_name(epoch)
         temporary = self.root / f".{folder_name(epoch)}.tmp"
-        if self.comm.rank == 0:
+        if self.keeper:
             shutil.rmtree(temporary, ignore_errors=True)  # left by a writer that died
             temporary.mkdir(parents=True)
         self.comm.barrier()
-        temporary.mkdir(parents=True, exist_ok=True)  # a node without the shared folder
         _save(rank_state, temporary / rank_file(self.comm.rank))
         self.comm.barrier()
+        missing = [rank for rank in self.group if not (temporary / rank_file(rank)).is_file()] if self.keeper else []
+        problems = [problem for problem in self.comm.all_gather_object(missing) if problem]
+        if problems:  # every rank raises together: none waits at the next barrier
+            raise RuntimeError(f"{temporary}: checkpoint files of ranks {problems[0]} never appeared; "
+                               "a folder shared between machines that does not show every file")
         if self.comm.rank == 0:
             _save({**(coordinator_state or {}), "epoch": epoch, "world_size": self.comm.world_size},
                   temporary / COORDINATOR_FILE)
+        if self.keeper:
             if final.exists():  # the same epoch redone after a restart
                 shutil.rmtree(final)
             os.rename(temporary, final)
@@ -102,6 +117,21 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def shares_folder(run_dir: Path, comm: Communicator) -> list[bool]:
+    """For each rank, whether it sees rank 0's run directory (a marker file rank 0 leaves for a moment)."""
+    token = comm.broadcast_object(uuid.uuid4().hex if comm.rank == 0 else None)
+    marker = run_dir / f".shoal-folder-{token}"
+    if comm.rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    comm.barrier()
+    shares = comm.all_gather_object(marker.exists())
+    comm.barrier()
+    if comm.rank == 0:
+        marker.unlink()
+    return shares
+
+
 @dataclass
 class Found:
     """A valid checkpoint and what its coordinator file says."""
@@ -111,30 +141,68 @@ class Found:
     coordinator: dict
 
 
-def _valid(path: Path, world_size: int) -> tuple[dict | None, str]:
+def _coordinator(path: Path, world_size: int) -> tuple[dict | None, str]:
     try:
         coordinator = torch.load(path / COORDINATOR_FILE, map_location="cpu", weights_only=True)
     except Exception as error:  # a truncated or missing file raises several kinds
         return None, f"{path / COORDINATOR_FILE}: {type(error).__name__}: {error}"
     if coordinator.get("world_size") != world_size:
         return None, f"{path}: written by {coordinator.get('world_size')} workers, this job has {world_size}"
-    for rank in range(world_size):
-        try:
-            torch.load(path / rank_file(rank), map_location="cpu", weights_only=True)
-        except Exception as error:
-            return None, f"{path / rank_file(rank)}: {type(error).__name__}: {error}"
     return coordinator, ""
 
 
-def find_latest(run_dir: Path, world_size: int) -> Found | None:
-    """The newest checkpoint whose files all load; damaged ones are skipped with a warning."""
+def _loads(path: Path) -> str:
+    """Why the file at `path` does not load ("" when it does)."""
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        return f"{path}: {type(error).__name__}: {error}"
+    return ""
+
+
+def held_epochs(run_dir: Path, rank: int) -> list[int]:
+    """The epochs whose checkpoint file of `rank` loads in this machine's run directory."""
+    held = []
+    for path in sorted((Path(run_dir) / CHECKPOINTS).glob("epoch-*"), reverse=True):
+        problem = _loads(path / rank_file(rank))
+        if problem:
+            warnings.warn(f"skipping damaged checkpoint {problem}", stacklevel=2)
+        else:
+            held.append(int(path.name.split("-")[1]))
+    return held
+
+
+def find_latest(run_dir: Path, world_size: int, epochs: set[int] | None = None) -> Found | None:
+    """The newest checkpoint whose coordinator file loads, among `epochs` when given (those every rank
+    holds), else among those whose every rank file loads here (a folder all ranks share)."""
     root = Path(run_dir) / CHECKPOINTS
     for path in sorted(root.glob("epoch-*"), reverse=True):
-        coordinator, problem = _valid(path, world_size)
-        if coordinator is not None:
+        coordinator, problem = _coordinator(path, world_size)
+        if coordinator is not None and epochs is None:
+            problem = next(filter(None, (_loads(path / rank_file(rank)) for rank in range(world_size))), "")
+        if coordinator is not None and not problem and (epochs is None or int(coordinator["epoch"]) in epochs):
             return Found(path, int(coordinator["epoch"]), coordinator)
-        warnings.warn(f"skipping damaged checkpoint {problem}", stacklevel=2)
+        if problem:
+            warnings.warn(f"skipping damaged checkpoint {problem}", stacklevel=2)
     return None
+
+
+def agree_on_latest(run_dir: Path, comm: Communicator, coordinator: bool) -> Found | None:
+    """The newest checkpoint every rank holds a good file of, in whichever folder it sees (collective)."""
+    held = comm.all_gather_object(held_epochs(run_dir, comm.rank))
+    common = set.intersection(*(set(epochs) for epochs in held))
+    return comm.broadcast_object(find_latest(run_dir, comm.world_size, common) if coordinator else None)
+
+
+def newest_epoch(run_dir: Path) -> int:
+    """The epoch of the newest checkpoint with a good coordinator file (0 with none): where a restart
+    begins, as the first machine sees it."""
+    for path in sorted((Path(run_dir) / CHECKPOINTS).glob("epoch-*"), reverse=True):
+        try:
+            return int(torch.load(path / COORDINATOR_FILE, map_location="cpu", weights_only=True)["epoch"])
+        except Exception:
+            continue
+    return 0
 
 
 def fingerprint(job, spec: dict, train_rows: int, world_size: int) -> dict:

@@ -18,7 +18,7 @@ import torch
 from shoal.algorithms import Role, ServerAlgorithm, make_algorithm, role, trainer_ranks
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import DistInfo, choose_device
-from shoal.cluster.heartbeat import Heartbeat
+from shoal.cluster.heartbeat import Heartbeat, liveness_store
 from shoal.config import JobConfig
 from shoal.data.loader import ShardLoader
 from shoal.data.partition import steps_per_epoch
@@ -26,9 +26,9 @@ from shoal.events import JobStart, WorkerMemory
 from shoal.model import build_model
 from shoal.train.checkpoint import (
     Checkpointer,
+    agree_on_latest,
     check_resumable,
     coordinator_state,
-    find_latest,
     fingerprint,
     latest_test,
     load_rank,
@@ -69,8 +69,20 @@ class Runner:
             for epoch in range(self.first_epoch, self.job.train.epochs):
                 self.end_epoch(epoch, self.run_epoch(epoch))
             return self.complete()
+        except RuntimeError as error:
+            raise self.blame(error) from error
         finally:
             self.finish()
+
+    def blame(self, error: RuntimeError) -> RuntimeError:
+        """A collective that timed out names the worker that stopped answering, when the beats show one."""
+        quiet = self.heartbeat.blame() if self.heartbeat and "timed out" in str(error).lower() else None
+        if quiet is None:
+            return error
+        cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        step = "before its first step" if quiet["step"] is None else f"at step {quiet['step']}"
+        return RuntimeError(f"worker rank {quiet['rank']} on {quiet['host']} stopped answering {step}; "
+                            f"rank {self.info.rank} waited for it ({cause})")
 
     def setup(self) -> None:
         """Device, communicator, model, optimizer and algorithm, identical on every rank."""
@@ -86,7 +98,7 @@ class Runner:
         self.trainers = trainer_ranks(self.algorithm, info.world_size)
         self.role = role(self.algorithm, info.rank, info.world_size)
         self.steps = steps_per_epoch(self.prepared.train_set.rows, len(self.trainers), job.train.batch_size)
-        self.heartbeat = Heartbeat(self.run_dir, info.rank, info.host)
+        self.heartbeat = Heartbeat(liveness_store(info), info.rank, info.world_size, info.host)
         if info.rank == 0:
             self.coordinator = Coordinator(job, self.run_dir, self.prepared, self.model, self.device)
         if isinstance(self.algorithm, ServerAlgorithm):
@@ -136,7 +148,7 @@ class Runner:
         if coordinator:  # also here for jobs started by torchrun or srun, which skip the launcher's check
             check_resumable(self.run_dir, self.job, self.prepared.spec, self.prepared.train_set.rows,
                             self.info.world_size)
-        found = self.comm.broadcast_object(find_latest(self.run_dir, self.info.world_size) if coordinator else None)
+        found = agree_on_latest(self.run_dir, self.comm, coordinator)
         if found is None:
             return
         self.state.load_state_dict(load_rank(found.path, self.info.rank))
@@ -148,7 +160,7 @@ class Runner:
         """Announce the job, then start every rank together."""
         if self.coordinator is not None:
             self.coordinator.announce(self.first_epoch, self.details(), self.load_seconds, self.holdings)
-        self.checkpointer = Checkpointer(self.run_dir, self.comm, self.job.checkpoint.keep)
+        self.checkpointer = Checkpointer(self.run_dir, self.comm, self.job.checkpoint.keep, self.hosts)
         # the coordinator's set-up must not show up as the first epoch's wait
         self.comm.barrier()
         self.began = time.perf_counter()

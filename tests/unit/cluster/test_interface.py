@@ -9,10 +9,17 @@ from shoal.cluster.interface import SOCKET_VARIABLES, choose_interface, interfac
 from shoal.errors import ShoalError
 
 
-def test_loopback_needs_no_interface():
+def loopback() -> str:
+    return next(name for name, entries in psutil.net_if_addrs().items()
+                if any(entry.address == "127.0.0.1" for entry in entries))
+
+
+def test_a_job_on_one_machine_talks_on_loopback_only():
     environment = {"MASTER_ADDR": "127.0.0.1"}
-    assert interface_to("127.0.0.1") is None and interface_to("localhost") is None
-    assert choose_interface(environment) is None and environment == {"MASTER_ADDR": "127.0.0.1"}
+    assert interface_to("127.0.0.1") == loopback() == interface_to("localhost")
+    assert interface_to("127.0.1.1") == loopback()  # a stock Debian hostname's address is loopback's too
+    assert choose_interface(environment) == loopback()
+    assert {environment[name] for name in SOCKET_VARIABLES} == {loopback()}
 
 
 def test_a_choice_of_the_user_is_kept():

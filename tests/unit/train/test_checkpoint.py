@@ -19,6 +19,7 @@ from shoal.train.checkpoint import (
     CHECKPOINTS,
     COORDINATOR_FILE,
     Checkpointer,
+    agree_on_latest,
     check_resumable,
     find_latest,
     fingerprint,
@@ -285,3 +286,48 @@ def test_resumability_is_read_from_the_newest_readable_checkpoint(tmp_path):
     check_resumable(tmp_path, job(), SPEC, ROWS, 1)
     shutil.rmtree(tmp_path / CHECKPOINTS)
     check_resumable(tmp_path, job(batch_size=8), SPEC, ROWS, 1)
+
+
+# ---------------------------------------------------------------- machines without a shared folder
+
+
+def test_machines_without_a_shared_folder_each_keep_their_own_ranks_files(tmp_path):
+    folders = [tmp_path / "host0" / "run", tmp_path / "host1" / "run"]
+
+    def body(comm):
+        checkpointer = Checkpointer(folders[comm.rank], comm, keep=2, hosts=["host0", "host1"])
+        for epoch in (1, 2):
+            checkpointer.save(epoch, rank_state(comm.rank, epoch), {"by": "coordinator"} if comm.rank == 0 else None)
+        return checkpointer.keeper
+
+    assert run_ranks(2, body) == [True, True]  # each machine renames its own folder's checkpoint
+    own = [sorted(p.name for p in (folder / CHECKPOINTS / "epoch-00002").iterdir()) for folder in folders]
+    assert own == [[COORDINATOR_FILE, "rank-00000.pt"], ["rank-00001.pt"]]
+    assert not list(folders[1].glob(".shoal-folder-*")) and not list(folders[0].glob(".shoal-folder-*"))
+
+
+def test_a_shared_folder_has_one_keeper_that_checks_every_file(tmp_path):
+    def body(comm):
+        return Checkpointer(tmp_path, comm, keep=2, hosts=["host0", "host1"]).keeper
+
+    assert run_ranks(2, body) == [True, False]
+
+
+def test_the_resume_epoch_is_the_newest_every_rank_holds(tmp_path):
+    folders = [tmp_path / "host0" / "run", tmp_path / "host1" / "run"]
+
+    def save(comm):
+        checkpointer = Checkpointer(folders[comm.rank], comm, keep=5, hosts=["host0", "host1"])
+        for epoch in (1, 2):
+            checkpointer.save(epoch, rank_state(comm.rank, epoch), {} if comm.rank == 0 else None)
+
+    run_ranks(2, save)
+    damaged = folders[1] / CHECKPOINTS / "epoch-00002" / "rank-00001.pt"
+    damaged.write_bytes(damaged.read_bytes()[:50])  # host 1's newest file was cut short
+
+    def agree(comm):
+        with warnings.catch_warnings(record=True):
+            found = agree_on_latest(folders[comm.rank], comm, coordinator=comm.rank == 0)
+        return found.epoch, load_rank(folders[comm.rank] / CHECKPOINTS / found.path.name, comm.rank)["global_step"]
+
+    assert run_ranks(2, agree) == [(1, 100), (1, 101)]

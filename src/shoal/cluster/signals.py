@@ -1,0 +1,60 @@
+"""Ctrl-C, SIGTERM and SIGHUP in a launcher: a stop at any moment, and the caller's handlers given back.
+
+torch's agent handles these signals while workers run, and takes them over for good. Around
+it, while machines meet or wait to restart, shoal handles them itself, so a launcher stops
+within moments whatever it is doing; afterwards the caller (a notebook, a service) gets its
+own handlers back. A signal the caller ignores (SIGHUP under nohup) stays ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # the signals torch's agent handles
+
+
+class Interrupted(Exception):
+    """The job was stopped by a signal; `exit_code` is 128 + its number (130 for Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, signal_number: int):
+        self.signal = signal.Signals(signal_number)
+        self.exit_code = 128 + int(signal_number)
+        super().__init__(f"stopped by {self.signal.name}")
+
+
+def handled_signals() -> str:
+    """The signals that may stop a job, comma-separated: those the caller does not ignore."""
+    return ",".join(name for name in STOP_SIGNALS if signal.getsignal(getattr(signal, name)) is not signal.SIG_IGN)
+
+
+def _raise_interrupted(number: int, frame) -> None:
+    raise Interrupted(number)
+
+
+@contextlib.contextmanager
+def caller_signal_handlers():
+    """Put back, on the way out, whatever handlers the signals had on the way in."""
+    saved = {name: signal.getsignal(getattr(signal, name)) for name in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for name, handler in saved.items():
+            if handler is None:  # installed outside Python: nothing to put back
+                continue
+            try:
+                signal.signal(getattr(signal, name), handler)
+            except ValueError:  # not the main thread, where nothing was installed either
+                pass
+
+
+@contextlib.contextmanager
+def interruptible():
+    """Within: a stop signal raises Interrupted (main thread only; elsewhere nothing changes)."""
+    with caller_signal_handlers():
+        for name in filter(None, handled_signals().split(",")):
+            try:
+                signal.signal(getattr(signal, name), _raise_interrupted)
+            except ValueError:
+                break
+        yield

@@ -1,0 +1,111 @@
+"""torch's TCPStore, bound to one address and waited on without blocking signals.
+
+A TCPStore server listens on every interface, and its clients block inside C++ while they
+wait, where Ctrl-C and SIGTERM are not seen; over a cut link (no packet answered or refused) a
+request never returns at all. shoal's launchers hold their job's store on the one address the
+other machines reach (127.0.0.1 for a single machine) by handing torch a socket bound there,
+send every request of their own from a helper thread with a deadline, and wait on keys in short
+polls, so a signal or a lost machine stops them within seconds.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from shoal.errors import WorkerError
+
+REQUEST_SECONDS = 5.0  # one store request; a cut link shows up within this
+POLL_SECONDS = 0.2
+
+
+class StoreUnreachable(WorkerError):
+    """The job's store (on the first machine's launcher) cannot be reached."""
+
+
+def serve(address: str, port: int = 0) -> dist.TCPStore:
+    """A store server listening on `address` only ("" or "0.0.0.0": every interface); port 0 picks one."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((address, port))
+        listener.listen(128)
+        store = dist.TCPStore(address or "0.0.0.0", listener.getsockname()[1], is_master=True,
+                              master_listen_fd=listener.fileno(), wait_for_workers=False,
+                              timeout=timedelta(seconds=REQUEST_SECONDS))
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()  # the server owns the socket now, and closes it
+    return store
+
+
+def connect(address: str, port: int, deadline: float, what: str) -> Bounded:
+    """A client of the store at address:port, tried until `deadline` (time.monotonic)."""
+    while True:
+        try:  # a plain connect first: torch's own retries overrun the deadline and print stack traces
+            socket.create_connection((address, port), timeout=REQUEST_SECONDS).close()
+            return Bounded(dist.TCPStore(address, port, is_master=False, wait_for_workers=False,
+                                         timeout=timedelta(seconds=REQUEST_SECONDS)))
+        except (OSError, RuntimeError, ValueError) as error:
+            if time.monotonic() >= deadline:
+                raise StoreUnreachable(f"could not reach {what} at {address}:{port}: {first_line(error)}") from None
+            time.sleep(POLL_SECONDS)
+
+
+class Bounded:
+    """A store whose every request gets REQUEST_SECONDS: past that, StoreUnreachable. The request is left
+    to a daemon thread, which cannot keep the process from exiting, and the store counts as lost."""
+
+    def __init__(self, store: dist.Store, seconds: float = REQUEST_SECONDS):
+        self.raw, self.seconds = store, seconds
+        self.lost = False
+
+    def __getattr__(self, name: str):
+        method = getattr(self.raw, name)
+        if not callable(method):
+            return method
+
+        def bounded(*arguments):
+            if self.lost:
+                raise StoreUnreachable("the job's store stopped answering")
+            outcome: list = []
+            request = threading.Thread(target=_call, args=(method, arguments, outcome), daemon=True,
+                                       name="shoal-store-request")
+            request.start()
+            request.join(self.seconds)
+            if not outcome:
+                self.lost = True
+                raise StoreUnreachable(f"no answer from the job's store within {self.seconds:g} s")
+            value, error = outcome[0]
+            if error is not None:
+                raise error
+            return value
+
+        return bounded
+
+
+def _call(method, arguments: tuple, outcome: list) -> None:
+    try:
+        outcome.append((method(*arguments), None))
+    except BaseException as error:  # handed to the caller's thread
+        outcome.append((None, error))
+
+
+def wait_for(store: dist.Store, keys: list[str], deadline: float) -> list[str]:
+    """Poll until every key exists or `deadline` passes; returns the keys still missing."""
+    while True:
+        missing = [key for key in keys if not store.check([key])]
+        if not missing or time.monotonic() >= deadline:
+            return missing
+        time.sleep(POLL_SECONDS)
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

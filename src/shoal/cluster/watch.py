@@ -1,0 +1,55 @@
+"""While this node's workers run: stop them as soon as the attempt failed elsewhere or the job ended.
+
+A worker on another machine that dies usually makes this node's workers fail too, but not
+always at once (a parameter server waiting for messages, a peer whose link was cut makes a
+collective wait for `cluster.timeout`). The launcher watches the job's store instead, from a
+thread beside torch's agent: another node's failure flag, or the job's end, stops this node's
+workers within a moment; losing the store itself (the first machine gone) does too.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch.distributed as dist
+
+from shoal.cluster.launch import stop_workers
+from shoal.cluster.rendezvous import Meeting
+from shoal.cluster.store import StoreUnreachable, first_line
+
+WATCH_SECONDS = 0.25
+
+
+class AttemptWatch:
+    """A context manager around one attempt's launch; `stopped` and `lost` say what it did."""
+
+    def __init__(self, meeting: Meeting, attempt: int, interval: float = WATCH_SECONDS):
+        self.meeting, self.interval = meeting, interval
+        self.keys = [f"attempt/{attempt}/failed", "end"]
+        self.stopped = False  # it stopped the workers: their failure is a consequence
+        self.lost: str | None = None  # why the job's store could no longer be reached
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> AttemptWatch:
+        store = self.meeting.watcher_store()
+        self._thread = threading.Thread(target=self._run, args=(store,), name="shoal-attempt-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self, store: dist.Store) -> None:
+        while not self._done.wait(self.interval):
+            try:
+                if not any(store.check([key]) for key in self.keys):
+                    continue
+            except (RuntimeError, ValueError, StoreUnreachable) as error:  # torch's store errors are RuntimeErrors
+                self.lost = first_line(error)
+            break
+        while not self._done.is_set():  # again until the agent is done: some may not have started yet
+            self.stopped = stop_workers() > 0 or self.stopped
+            self._done.wait(self.interval)
+
+    def __exit__(self, *exception) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)

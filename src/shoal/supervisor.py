@@ -1,0 +1,162 @@
+"""One node's launcher from start to end: meet the other machines, run attempts, restart together.
+
+Every node runs a supervisor. All of them join the job's store (shoal.cluster.rendezvous), run
+numbered attempts of their workers, and after a failure follow the first node's decision:
+restart every node's workers from the newest checkpoint, or stop. The first node (the leader,
+whose run directory holds the events) finds the root cause among every node's reports and the
+workers' liveness, and records each failure, restart and the job's end, whatever happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.distributed as dist
+
+from shoal.cluster.launch import launch
+from shoal.cluster.rendezvous import AttemptRendezvous, Decision, Meeting, Nodes, Report, failure_fields
+from shoal.cluster.signals import Interrupted, interruptible
+from shoal.cluster.store import StoreUnreachable, first_line
+from shoal.cluster.watch import AttemptWatch
+from shoal.errors import EXIT_USAGE, WorkerError
+from shoal.events import JobEnd, JobRestarted, WorkerFailed, append_event, read_history
+from shoal.train.checkpoint import newest_epoch
+
+
+@dataclass
+class Plan:
+    """What every attempt on this node runs."""
+
+    job_file: Path
+    run_dir: Path
+    workers: int
+    threads: int
+    timeout: float
+    max_restarts: int = 0
+    resume: bool = False
+
+
+def supervise(plan: Plan, nodes: Nodes) -> None:
+    """Run the job's workers on this node until the job completes; raise WorkerError or Interrupted."""
+    meeting = None
+    with interruptible():
+        try:
+            meeting = Meeting(nodes, plan.timeout)
+            Supervisor(plan, meeting).run()
+        except Interrupted as interrupt:
+            if meeting is not None:
+                meeting.end(f"stopped by {interrupt.signal.name} on {meeting.host}")
+            if meeting.leader if meeting is not None else nodes.count == 1 or nodes.rank == 0:
+                append_event(plan.run_dir, JobEnd(status="interrupted", message=str(interrupt)))
+            raise
+        except (dist.DistError, StoreUnreachable) as error:  # the first machine, or the way to it, is gone
+            if meeting is None:
+                raise
+            raise WorkerError(f"{meeting.host} lost the job's store on {meeting.hosts[0]}: {first_line(error)}") \
+                from None
+        finally:
+            if meeting is not None:
+                meeting.close()
+
+
+class Supervisor:
+    def __init__(self, plan: Plan, meeting: Meeting):
+        self.plan, self.meeting = plan, meeting
+        self.restarts = 0
+
+    def run(self) -> None:
+        attempt, resume = 0, self.plan.resume
+        while True:
+            try:
+                address, port = self.meeting.begin(attempt)
+            except WorkerError as error:  # a node did not come (back)
+                self.fail_job(str(error))
+                raise
+            failure = self.run_attempt(attempt, AttemptRendezvous(self.meeting, attempt, address, port), resume)
+            if failure is None:
+                return
+            decision = self.decide(attempt) if self.meeting.leader else self.meeting.decision(attempt)
+            if decision.completed:
+                return
+            if not decision.restart:
+                error = WorkerError(decision.message)
+                error.exit_code = EXIT_USAGE if decision.usage else 1
+                error.failure = WorkerFailed(**decision.failure) if decision.failure else None
+                raise error
+            attempt, resume = attempt + 1, True
+
+    def run_attempt(self, attempt: int, rendezvous: AttemptRendezvous, resume: bool) -> WorkerError | None:
+        """Run this node's workers once; report the outcome to the leader. Returns the failure, if any."""
+        plan, meeting = self.plan, self.meeting
+        watch = AttemptWatch(meeting, attempt)
+        try:
+            with watch:
+                launch(plan.job_file, plan.run_dir, workers=plan.workers, threads=plan.threads,
+                       rendezvous=rendezvous, resume=resume)
+        except WorkerError as error:
+            if watch.lost is not None:
+                raise WorkerError(f"{meeting.host} lost the job's store on {meeting.hosts[0]}: {watch.lost}") from None
+            meeting.report(attempt, Report(meeting.node_rank, failure=failure_fields(error.failure),
+                                           consequence=error.consequence or watch.stopped,
+                                           usage=error.exit_code == EXIT_USAGE))
+            return error
+        meeting.report(attempt, Report(meeting.node_rank, succeeded=True))
+        if meeting.leader:  # the store stays up until every node knows the job is done
+            meeting.decide(attempt, Decision(restart=False, completed=True))
+            meeting.reports(attempt)
+        return None
+
+    def decide(self, attempt: int) -> Decision:
+        """The leader: the root cause from every node's report, recorded; restart or stop, for every node."""
+        meeting, run_dir = self.meeting, self.plan.run_dir
+        ended = meeting.ended()
+        if ended:  # stopped on another machine: nothing failed of itself
+            append_event(run_dir, JobEnd(status="interrupted", message=ended))
+            decision = Decision(restart=False, message=ended)
+            meeting.decide(attempt, decision)
+            return decision
+        reports, missing = meeting.reports(attempt)
+        cause, text = root_cause(reports, missing, meeting.silent_worker(), meeting.hosts, self.plan.workers)
+        append_event(run_dir, cause)
+        usage = any(report.usage for report in reports if not report.consequence)
+        if usage or self.restarts >= self.plan.max_restarts:
+            append_event(run_dir, JobEnd(status="failed", message=text))
+            decision = Decision(restart=False, message=text, failure=failure_fields(cause), usage=usage)
+        else:
+            self.restarts += 1
+            from_epoch = newest_epoch(run_dir)
+            reached = read_history(run_dir).reached_epoch()
+            append_event(run_dir, JobRestarted(restart=self.restarts, from_epoch=from_epoch,
+                                               epochs_redone=max(reached + 1 - from_epoch, 0)))
+            decision = Decision(restart=True, message=text)
+        meeting.decide(attempt, decision)
+        return decision
+
+    def fail_job(self, message: str) -> None:
+        if self.meeting.leader:
+            append_event(self.plan.run_dir, JobEnd(status="failed", message=message))
+        self.meeting.end(message)
+
+
+def root_cause(reports: list[Report], missing: list[int], silent: dict | None, hosts: list[str],
+               workers: int = 1) -> tuple[WorkerFailed, str]:
+    """The failure to blame, as the event and one line: a worker that stopped answering (from the
+    workers' liveness), else a node's own cause, else a node that sent no report, else the first.
+    `workers` per node places a rank that never beat on its host."""
+    if silent is not None:
+        host = silent["host"] if silent["host"] != "?" else hosts[min(silent["rank"] // workers, len(hosts) - 1)]
+        step = "before its first step" if silent["step"] is None else f"at step {silent['step']}"
+        message = f"stopped answering {step}"
+        text = f"worker rank {silent['rank']} on {host} {message}; the others waited for it"
+        return WorkerFailed(rank=silent["rank"], host=host, message=message), text
+    failed = [report for report in reports if report.failure is not None]
+    causes = [report for report in failed if not report.consequence]
+    if causes or not missing:
+        if not failed:
+            return WorkerFailed(message="the workers failed"), "the workers failed"
+        failure = WorkerFailed(**(causes or failed)[0].failure)
+        return failure, f"worker rank {failure.rank} on {failure.host} failed: {failure.message}"
+    node = missing[0]
+    message = "its launcher stopped answering (gone, or cut off)"
+    return WorkerFailed(host=hosts[node], message=message), f"{hosts[node]} (node {node}): {message}"

@@ -1,0 +1,102 @@
+"""Jobs for the emulated cluster, and `shoal train` started on its hosts the README's way."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.distributed.common import write_dataset
+from tests.e2e.jobs import write_task
+
+PORT = 29400
+JOB_SECONDS = 120
+
+
+def write_job(folder: Path, algorithm: str) -> str:
+    """A small job any algorithm trains in seconds."""
+    train = folder / "train"
+    if not train.exists():
+        write_dataset(train, rows=600, seed=1)
+    path = folder / f"{algorithm}.toml"
+    path.write_text(f"""
+[model]
+input = [6]
+layers = [{{ dense = 16, activation = "tanh" }}, {{ dense = 3 }}]
+[data]
+train = "{train}"
+[algorithm]
+name = "{algorithm}"
+[train]
+epochs = 2
+batch_size = 32
+optimizer = {{ name = "sgd", lr = 0.1 }}
+[cluster]
+threads = 1
+timeout = 60
+[output]
+progress = "none"
+""")
+    return str(path)
+
+
+def write_sabotaged_job(folder: Path, name: str, *, action: str = "none", at: int = 0, marker: Path | None = None,
+                        delay: float = 0.0, epochs: int = 3, timeout: float = 60) -> str:
+    """A job whose model misbehaves on rank 1 on cue (tests.support.models:sabotaged), a checkpoint per epoch."""
+    if not (folder / "task").exists():
+        write_task(folder / "task", rows=2000, test_rows=200)
+    path = folder / f"{name}.toml"
+    path.write_text(f"""
+[model]
+factory = "tests.support.models:sabotaged"
+arguments = {{ action = "{action}", at = {at}, marker = "{marker or ''}", delay = {delay} }}
+[data]
+train = "{folder / 'task' / 'train'}"
+test = "{folder / 'task' / 'test'}"
+[algorithm]
+name = "averaging"
+[train]
+epochs = {epochs}
+batch_size = 50
+optimizer = {{ name = "adam", lr = 0.003 }}
+[cluster]
+threads = 1
+timeout = {timeout}
+[output]
+progress = "lines"
+""")
+    return str(path)
+
+
+def start_on_two_hosts(cluster, job: str, run_dir, env, *options: str, node_ranks: bool = True,
+                       logs: Path | None = None) -> list[subprocess.Popen]:
+    """`shoal train` on each host, as the README's Many machines section says; output in host-N.log."""
+    launchers = []
+    for host in range(2):
+        ranks = ["--node-rank", str(host)] if node_ranks else []
+        command = [sys.executable, "-m", "shoal", "train", job, "--workers", "1", "--nnodes", "2", *ranks,
+                   "--rdzv-endpoint", f"{cluster.address(0)}:{PORT}", "--run-dir", str(run_dir), *options]
+        log = (logs or cluster.shared) / f"{Path(run_dir).name}-host{host}.log"
+        launchers.append(cluster.start(host, command, env=env, log=log))
+    return launchers
+
+
+def log_of(cluster, run_dir, host: int, logs: Path | None = None) -> str:
+    return ((logs or cluster.shared) / f"{Path(run_dir).name}-host{host}.log").read_text()
+
+
+def train_on_two_hosts(cluster, job: str, run_dir, env, *options: str, node_ranks: bool = True) -> None:
+    """Both hosts' launchers must succeed, without torch's store warnings in their output."""
+    launchers = start_on_two_hosts(cluster, job, run_dir, env, *options, node_ranks=node_ranks)
+    deadline = time.monotonic() + JOB_SECONDS
+    for host, launcher in enumerate(launchers):
+        launcher.wait(timeout=max(deadline - time.monotonic(), 1))
+        log = log_of(cluster, run_dir, host)
+        assert launcher.returncode == 0, f"host {host}:\n{log[-3000:]}"
+        assert "socket.cpp" not in log, "torch's store warnings reached the terminal"
+
+
+def train_on_one_host(job: str, run_dir, env) -> None:
+    subprocess.run([sys.executable, "-m", "shoal", "train", job, "--workers", "2", "--run-dir", str(run_dir)],
+                   env=env, check=True, capture_output=True, timeout=JOB_SECONDS)

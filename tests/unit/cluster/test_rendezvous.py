@@ -1,0 +1,183 @@
+"""How launchers meet: real Meetings on loopback, each in a thread of this process, no workers.
+
+Two Meetings on one machine stand for two machines' launchers: they share the job's store on
+127.0.0.1, agree on node ranks and hosts, join each attempt, exchange reports and the leader's
+decision, and leave together when one ends the job. Every wait has a short timeout.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import psutil
+import pytest
+
+from shoal.cluster.rendezvous import Decision, Meeting, Nodes, Report
+from shoal.errors import ConfigError, WorkerError
+
+HOST = socket.gethostname()
+TIMEOUT = 10.0  # cluster.timeout for these meetings: far above what joining on loopback takes
+WAIT = 30.0  # the most a test waits for a thread
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def two_nodes(port: int, rank: int | None = None, run_id: str | None = None) -> Nodes:
+    return Nodes(count=2, rank=rank, endpoint=f"127.0.0.1:{port}", run_id=run_id)
+
+
+@pytest.fixture
+def pool():
+    with ThreadPoolExecutor(4) as executor:
+        yield executor
+
+
+@pytest.fixture
+def meet(pool):
+    """Start a Meeting in a thread; every one that opened is closed after the test."""
+    opened: list[Meeting] = []
+
+    def start(nodes: Nodes, timeout: float = TIMEOUT) -> Future:
+        future = pool.submit(Meeting, nodes, timeout)
+        future.add_done_callback(lambda done: done.exception() or opened.append(done.result()))
+        return future
+
+    yield start
+    for meeting in opened:
+        meeting.close()
+
+
+@pytest.fixture
+def pair(meet):
+    """Two nodes that met, given node ranks 0 and 1: (leader, follower)."""
+
+    def start(timeout: float = TIMEOUT) -> tuple[Meeting, Meeting]:
+        port = free_port()
+        leader, follower = meet(two_nodes(port, 0), timeout), meet(two_nodes(port, 1), timeout)
+        return leader.result(WAIT), follower.result(WAIT)
+
+    return start
+
+
+def listening(port: int) -> list[str]:
+    return [entry.laddr.ip for entry in psutil.Process().net_connections(kind="tcp")
+            if entry.status == psutil.CONN_LISTEN and entry.laddr.port == port]
+
+
+# ---------------------------------------------------------------- joining
+
+
+def test_a_single_machine_is_its_own_leader(meet):
+    meeting = meet(Nodes()).result(WAIT)
+    assert meeting.leader and meeting.node_rank == 0
+    assert meeting.hosts == [HOST]
+
+
+def test_a_single_machine_holds_its_store_on_loopback_only(meet):
+    meeting = meet(Nodes()).result(WAIT)
+    assert listening(meeting.port) == ["127.0.0.1"]
+
+
+def test_nodes_given_their_ranks_agree_on_the_hosts(pair):
+    leader, follower = pair()
+    assert (leader.node_rank, follower.node_rank) == (0, 1)
+    assert leader.leader and not follower.leader
+    assert leader.hosts == follower.hosts == [HOST, HOST]
+
+
+def test_without_node_ranks_the_node_that_binds_becomes_node_0(meet):
+    port = free_port()
+    first, second = meet(two_nodes(port)), meet(two_nodes(port))
+    meetings = sorted([first.result(WAIT), second.result(WAIT)], key=lambda meeting: meeting.node_rank)
+    assert [meeting.node_rank for meeting in meetings] == [0, 1]
+    assert meetings[0].bind is not None and meetings[1].bind is None  # the other's bind found the port taken
+
+
+def test_a_follower_of_another_job_is_a_config_error(meet):
+    port = free_port()
+    leader = meet(two_nodes(port, 0, run_id="ours"), timeout=3)
+    with pytest.raises(ConfigError, match=rf"--rdzv-id: 127\.0\.0\.1:{port} holds job 'ours', not 'theirs'"):
+        Meeting(two_nodes(port, 1, run_id="theirs"), TIMEOUT)
+    with pytest.raises(WorkerError, match="1 of 2 machines joined"):  # its follower never came
+        leader.result(WAIT)
+
+
+def test_node_0_for_an_endpoint_of_another_machine_is_a_config_error():
+    # 10.255.255.1 is only resolved and compared with this machine's addresses, never contacted
+    nodes = Nodes(count=2, rank=0, endpoint="10.255.255.1:29400")
+    with pytest.raises(ConfigError, match=r"--rdzv-endpoint: 10\.255\.255\.1 is not an address of this machine"):
+        Meeting(nodes, timeout=2)
+
+
+# ---------------------------------------------------------------- attempts
+
+
+def test_every_node_gets_the_same_store_for_an_attempt(pair, pool):
+    leader, follower = pair()
+    started = [pool.submit(leader.begin, 0), pool.submit(follower.begin, 0)]
+    addresses = [future.result(WAIT) for future in started]
+    assert addresses[0] == addresses[1]
+    assert addresses[0][0] == "127.0.0.1" and addresses[0][1] == leader.worker_store.port
+
+
+def test_a_node_that_does_not_join_an_attempt_is_named(pair):
+    leader, _ = pair(timeout=2)
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match=rf"^{HOST} \(node 1\) did not come back within 2 s \(cluster.timeout\)$"):
+        leader.begin(0)
+    assert time.monotonic() - started < 10
+
+
+def test_reports_reach_the_leader(pair):
+    leader, follower = pair()
+    failure = {"rank": 3, "host": HOST, "exit_code": 1, "signal": None, "message": "ValueError: bad row"}
+    leader.report(0, Report(0, succeeded=True))
+    follower.report(0, Report(1, failure=failure, usage=True))
+    assert leader.reports(0, seconds=2) == ([Report(0, succeeded=True), Report(1, failure=failure, usage=True)], [])
+
+
+def test_a_node_that_sent_no_report_is_missing(pair):
+    leader, _ = pair()
+    leader.report(0, Report(0, consequence=True, failure={"rank": 0, "message": "lost peer"}))
+    reports, missing = leader.reports(0, seconds=0.5)
+    assert [report.node for report in reports] == [0]
+    assert missing == [1]
+
+
+def test_a_failed_report_flags_the_attempt(pair):
+    leader, follower = pair()
+    follower.report(0, Report(1, failure={"message": "KeyError: 'x'"}))
+    assert leader.store.get("attempt/0/failed") == b"1"
+
+
+def test_the_leaders_decision_reaches_a_follower(pair):
+    leader, follower = pair()
+    decision = Decision(restart=False, message="worker rank 1 failed", failure={"rank": 1}, usage=True)
+    leader.decide(0, decision)
+    assert follower.decision(0) == decision
+
+
+# ---------------------------------------------------------------- the job's end
+
+
+def test_an_end_stops_another_nodes_wait(pair, pool):
+    leader, follower = pair()
+    waiting = pool.submit(follower.decision, 0)  # would wait 25 s for a decision
+    leader.end(f"stopped by SIGINT on {HOST}")
+    with pytest.raises(WorkerError, match=rf"^stopped by SIGINT on {HOST}$"):
+        waiting.result(WAIT)
+
+
+def test_the_first_end_is_kept(pair):
+    leader, follower = pair()
+    follower.end("first")
+    leader.end("second")
+    assert leader.ended() == follower.ended() == "first"
