@@ -9,6 +9,7 @@ workers' liveness, and records each failure, restart and the job's end, whatever
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,17 +48,32 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
         except Interrupted as interrupt:
             if meeting is not None:
                 meeting.end(f"stopped by {interrupt.signal.name} on {meeting.host}")
-            if meeting.leader if meeting is not None else nodes.count == 1 or nodes.rank == 0:
+            if records_events(meeting, nodes):
                 append_event(plan.run_dir, JobEnd(status="interrupted", message=str(interrupt)))
             raise
-        except (dist.DistError, StoreUnreachable) as error:  # the first machine, or the way to it, is gone
-            if meeting is None:
-                raise
-            raise WorkerError(f"{meeting.host} lost the job's store on {meeting.hosts[0]}: {first_line(error)}") \
-                from None
+        except Exception as error:  # whatever it was, the other machines must not wait for this one
+            error = lost_store(error, meeting) if isinstance(error, (dist.DistError, StoreUnreachable)) else error
+            if meeting is not None:
+                meeting.end(str(error))
+                if meeting.leader and not isinstance(error, WorkerError):  # a WorkerError's end is recorded
+                    append_event(plan.run_dir, JobEnd(status="failed", message=first_line(error)))
+            raise error from None
         finally:
             if meeting is not None:
+                meeting.linger() if meeting.leader else meeting.leave()
                 meeting.close()
+
+
+def records_events(meeting: Meeting | None, nodes: Nodes) -> bool:
+    """Whether this node writes the job's events: the leader, or node 0 before the machines met."""
+    return meeting.leader if meeting is not None else nodes.count == 1 or nodes.rank == 0
+
+
+def lost_store(error: Exception, meeting: Meeting | None) -> WorkerError:
+    """The first machine, or the way to it, is gone: one line naming both ends."""
+    if meeting is None:
+        return WorkerError(f"could not join the job's store: {first_line(error)}")
+    return WorkerError(f"{meeting.host} lost the job's store on {meeting.hosts[0]}: {first_line(error)}")
 
 
 class Supervisor:
@@ -77,6 +93,8 @@ class Supervisor:
             if failure is None:
                 return
             decision = self.decide(attempt) if self.meeting.leader else self.meeting.decision(attempt)
+            if decision.completed and self.meeting.leader:
+                print(f"shoal: the job completed; afterwards {failure}", file=sys.stderr)
             if decision.completed:
                 return
             if not decision.restart:
@@ -97,14 +115,15 @@ class Supervisor:
         except WorkerError as error:
             if watch.lost is not None:
                 raise WorkerError(f"{meeting.host} lost the job's store on {meeting.hosts[0]}: {watch.lost}") from None
+            # stopped by the watch: a cause only if a worker wrote one of its own first
+            stopped = watch.stopped and error.failure is not None and error.failure.signal in ("SIGTERM", "SIGKILL")
             meeting.report(attempt, Report(meeting.node_rank, failure=failure_fields(error.failure),
-                                           consequence=error.consequence or watch.stopped,
+                                           consequence=error.consequence or stopped,
                                            usage=error.exit_code == EXIT_USAGE))
             return error
         meeting.report(attempt, Report(meeting.node_rank, succeeded=True))
-        if meeting.leader:  # the store stays up until every node knows the job is done
+        if meeting.leader:  # a follower that failed while finishing learns the job is done anyway
             meeting.decide(attempt, Decision(restart=False, completed=True))
-            meeting.reports(attempt)
         return None
 
     def decide(self, attempt: int) -> Decision:
@@ -120,7 +139,9 @@ class Supervisor:
         cause, text = root_cause(reports, missing, meeting.silent_worker(), meeting.hosts, self.plan.workers)
         append_event(run_dir, cause)
         usage = any(report.usage for report in reports if not report.consequence)
-        if usage or self.restarts >= self.plan.max_restarts:
+        if any(report.succeeded for report in reports):  # workers pass their last barrier after the model is saved
+            decision = Decision(restart=False, completed=True)
+        elif usage or self.restarts >= self.plan.max_restarts:
             append_event(run_dir, JobEnd(status="failed", message=text))
             decision = Decision(restart=False, message=text, failure=failure_fields(cause), usage=usage)
         else:

@@ -46,7 +46,8 @@ def run(argv: list[str] | None = None) -> dict:
         if info.rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
             write_job_file(run_dir, job, replace=False)
-        return run_worker(job, info, run_dir, threads, resume=args.resume)
+        # restarted by torchrun's own agent: continue from the newest checkpoint, not from epoch 0
+        return run_worker(job, info, run_dir, threads, resume=args.resume or info.restarts > 0)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -97,6 +97,19 @@ def test_killed_worker_is_restarted_from_the_checkpoint(task, uninterrupted, tmp
     assert "restart" in (run_dir / "report.md").read_text().lower()
 
 
+def test_a_worker_restarted_by_torchruns_own_agent_continues_from_the_checkpoint(task, uninterrupted, tmp_path,
+                                                                                 project_env):
+    job = write_job(tmp_path / "job.toml", task, action="kill", at=STEPS_PER_EPOCH + 20, marker=tmp_path / "fired")
+    run_dir = tmp_path / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "--max-restarts", "1", "-m", "shoal.worker", str(job), "--run-dir", str(run_dir)]
+    finished = subprocess.run(torchrun, capture_output=True, text=True, env=project_env, timeout=TIMEOUT)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert (tmp_path / "fired").exists()
+    assert [event["from_epoch"] for event in events(run_dir, "job_resumed")] == [1]
+    assert_same_weights(run_dir, uninterrupted[1])
+
+
 def test_killed_worker_with_sync_matches_too(task, tmp_path, project_env):
     reference = write_job(tmp_path / "reference.toml", task, algorithm="sync")
     finished = shoal("train", reference, "--workers", 2, "--run-dir", tmp_path / "reference", env=project_env)

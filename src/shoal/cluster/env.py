@@ -1,28 +1,25 @@
-"""Who am I: rank, world size and local rank from torchrun, SLURM or Open MPI variables.
+"""Who am I: rank, world size and local rank from whichever launcher started this process.
 
-This is the one place that reads the launcher's environment, so every other module takes a
-`DistInfo` and can be driven by tests without environment variables.
+This is the one place that asks the launcher's environment (shoal.cluster.environments: torchrun,
+Open MPI, MPICH, MVAPICH, SLURM), so every other module takes a `DistInfo` and can be driven by
+tests without environment variables.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from shoal.cluster.environments import detect
+from shoal.cluster.environments.torchelastic import TorchElastic
 from shoal.cluster.interface import choose_interface
 from shoal.errors import ShoalError
-
-# (rank, world size, local rank, local world size) variable names, by launcher.
-_LAUNCHERS = (
-    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-)
 
 
 @dataclass(frozen=True)
@@ -34,30 +31,40 @@ class DistInfo:
     local_rank: int = 0
     local_world_size: int = 1
     host: str = socket.gethostname()
+    launcher: str | None = None
+    """The launcher that numbered it (torchrun, Open MPI, MPICH, MVAPICH, SLURM), None alone."""
+    master: tuple[str, int] | None = None
+    """Where rank 0's store is (MASTER_ADDR and MASTER_PORT, or what the launcher implies)."""
+    gpu_per_process: bool = False
+    """The launcher shows each process its own GPU only (SLURM's --gpus-per-task=1)."""
+    restarts: int = 0
+    """How many times torchrun's own agent restarted the workers."""
 
 
-def get_dist_info() -> DistInfo:
-    """Read the launcher's variables; a process started alone is rank 0 of 1."""
-    for rank, size, local, local_size in _LAUNCHERS:
-        if rank in os.environ and size in os.environ:
-            world_size = int(os.environ[size])
-            local_world = os.environ.get(local_size, str(world_size)).split("(")[0]
-            return DistInfo(
-                rank=int(os.environ[rank]),
-                world_size=world_size,
-                local_rank=int(os.environ.get(local, "0")),
-                local_world_size=int(local_world),
-            )
-    return DistInfo()
+def get_dist_info(environ: Mapping[str, str] = os.environ) -> DistInfo:
+    """Ask the launcher's environment; a process started alone is rank 0 of 1."""
+    environment = detect(environ)
+    if environment is None:
+        return DistInfo()
+    place = environment.place()
+    return DistInfo(rank=place.rank, world_size=place.world_size, local_rank=place.local_rank,
+                    local_world_size=place.local_world_size, launcher=environment.name,
+                    master=environment.master(), gpu_per_process=environment.gpu_per_process(),
+                    restarts=environment.restart_count() if isinstance(environment, TorchElastic) else 0)
 
 
 def init_process_group(info: DistInfo, device: torch.device, timeout: float) -> None:
-    """Join the job's process group: NCCL on CUDA, gloo on CPU, rendezvous through MASTER_ADDR/PORT."""
+    """Join the job's process group: NCCL on CUDA, gloo on CPU, rendezvous at rank 0's store."""
     if info.world_size == 1 or dist.is_initialized():
         return
-    if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
-        raise ShoalError("MASTER_ADDR and MASTER_PORT must be set for a job started by SLURM or mpirun")
-    choose_interface()  # the interface that reaches the other machines, not the hostname's loopback
+    if info.master is None:
+        raise ShoalError(f"MASTER_ADDR and MASTER_PORT must be set for a job started by {info.launcher or 'hand'} "
+                         "(the address and a free port of the machine that runs rank 0)")
+    # torch's env:// and the heartbeats' store connection read them (a SLURM job's are derived)
+    os.environ.setdefault("MASTER_ADDR", info.master[0])
+    os.environ.setdefault("MASTER_PORT", str(info.master[1]))
+    # the interface that reaches the other machines, not the hostname's loopback
+    choose_interface(one_machine=info.world_size == info.local_world_size)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
         backend,
@@ -65,12 +72,25 @@ def init_process_group(info: DistInfo, device: torch.device, timeout: float) -> 
         world_size=info.world_size,
         timeout=timedelta(seconds=timeout),
         device_id=device if device.type == "cuda" else None,
+        **restarted_store(info, timeout),
     )
+
+
+def restarted_store(info: DistInfo, timeout: float) -> dict:
+    """After a restart by torchrun's own agent, a fresh key space in its store: the agent keeps the store
+    across restarts, and the last attempt's keys would send gloo to workers that are gone."""
+    if not info.restarts:
+        return {}
+    client = dist.TCPStore(info.master[0], info.master[1], is_master=False, timeout=timedelta(seconds=timeout))
+    return {"store": dist.PrefixStore(f"shoal/restart-{info.restarts}", client)}
 
 
 def choose_device(name: str, info: DistInfo) -> torch.device:
     """The device for this rank: local rank n uses cuda:n when CUDA is asked for, or present for all."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if info.gpu_per_process and gpus == 1 and name in ("auto", "cuda"):  # bound by the launcher: its own GPU
+        torch.cuda.set_device(0)
+        return torch.device("cuda", 0)
     # NCCL refuses two ranks on one GPU: "auto" uses the CPU unless every local worker gets its own
     if name == "cuda" or (name == "auto" and 0 < info.local_world_size <= gpus):
         if gpus == 0:

@@ -20,12 +20,11 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from shoal.cluster.env import DistInfo
-from shoal.cluster.store import Bounded
+from shoal.cluster.store import REQUEST_SECONDS, Bounded
 from shoal.errors import WorkerError
 
 HEARTBEAT_SECONDS = 1.0
 SILENT_KEY = "shoal/silent"
-STORE_SECONDS = 5.0
 
 
 def beat_key(rank: int) -> str:
@@ -38,7 +37,7 @@ def liveness_store(info: DistInfo) -> dist.Store:
     if info.world_size > 1 and address and port:
         try:
             return dist.TCPStore(address, int(port), is_master=False, wait_for_workers=False,
-                                 timeout=timedelta(seconds=STORE_SECONDS))
+                                 timeout=timedelta(seconds=REQUEST_SECONDS))
         except (RuntimeError, ValueError):  # no store after all: liveness stays local
             pass
     return dist.HashStore()
@@ -87,15 +86,15 @@ class Heartbeat:
                 pass
 
     def silent(self, gap: float) -> dict | None:
-        """The beat of the rank heard from longest ago, when every other rank was heard `gap` seconds or
-        more after it; a rank never heard counts as silent since this worker began listening."""
+        """The beat of the rank heard from longest ago, when that was `gap` seconds or more before the
+        latest beat heard (this worker's own); a rank never heard counts from when listening began.
+        Every rank of a machine cut off falls silent together: the first of them is named."""
         if self.world_size < 2:
             return None
         last = {rank: self.heard.get(rank, (self.started, {"rank": rank, "host": "?", "step": None}))
-                for rank in range(self.world_size)}
-        last[self.rank] = (time.monotonic(), last[self.rank][1])  # this worker is, by definition, alive
-        (quiet_time, quiet), (next_time, _) = sorted(last.values(), key=lambda heard: heard[0])[:2]
-        return quiet if next_time - quiet_time >= gap else None
+                for rank in range(self.world_size) if rank != self.rank}
+        quiet_time, quiet = min(last.values(), key=lambda heard: heard[0])
+        return quiet if time.monotonic() - quiet_time >= gap else None
 
     def blame(self, gap: float = 2 * HEARTBEAT_SECONDS) -> dict | None:
         """After a collective timed out: the silent rank, recorded once in the store for the launcher."""
@@ -112,4 +111,5 @@ class Heartbeat:
 
     @property
     def beating(self) -> bool:
+        """Whether the thread still beats (tests: a failing rank must beat on while it tears down)."""
         return self._thread.is_alive() and not self._stop.is_set()

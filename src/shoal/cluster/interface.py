@@ -40,10 +40,13 @@ def interface_with(address: str) -> str | None:
     return None
 
 
-def interface_to(host: str) -> str | None:
-    """The interface whose address routes to `host` (loopback's for a job on one machine); None when unknown."""
+def interface_to(host: str, one_machine: bool = True) -> str | None:
+    """The interface whose address routes to `host`; loopback's for a job on one machine; None when unknown,
+    or when a job across machines meets at a name that resolves to loopback here (stock Debian's)."""
     source = route_source(host)
     if source is not None and ipaddress.ip_address(source).is_loopback:
+        if not one_machine:
+            return None
         source = "127.0.0.1" if ipaddress.ip_address(source).version == 4 else "::1"  # 127.0.1.1 too is lo's
     return None if source is None else interface_with(source)
 
@@ -57,7 +60,7 @@ def use_interface(name: str, environment: dict = os.environ) -> None:
         environment[variable] = name
 
 
-def choose_interface(environment: dict = os.environ) -> str | None:
+def choose_interface(environment: dict = os.environ, one_machine: bool = True) -> str | None:
     """Set gloo's and NCCL's interface to the one that reaches MASTER_ADDR, unless the user set them.
 
     Returns the interface chosen, or None when nothing was set (chosen by the user, or unknown). On
@@ -65,7 +68,7 @@ def choose_interface(environment: dict = os.environ) -> str | None:
     """
     if any(name in environment for name in SOCKET_VARIABLES) or "MASTER_ADDR" not in environment:
         return None
-    interface = interface_to(environment["MASTER_ADDR"])
+    interface = interface_to(environment["MASTER_ADDR"], one_machine)
     if interface is not None:
         for name in SOCKET_VARIABLES:
             environment[name] = interface

@@ -16,7 +16,9 @@ import signal
 import socket
 import sys
 import tempfile
+from pathlib import Path
 
+import psutil
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
@@ -29,16 +31,17 @@ from shoal.errors import EXIT_USAGE, WorkerError
 from shoal.events import WorkerFailed
 
 SHUTDOWN_SECONDS = 5  # after SIGTERM, how long workers get before SIGKILL
-EXIT_BARRIER_SECONDS = 1.0  # the nodes' launchers wait for each other themselves (shoal.cluster.rendezvous)
 WORKER_MODULE = "shoal.worker"
 
 
-def launch(job_file, run_dir, *, workers: int, threads: int, rendezvous: RendezvousHandler,
+def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezvous: RendezvousHandler,
            resume: bool = False) -> None:
     """Run `workers` local worker processes of the job to completion; raise WorkerError on failure."""
     os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ[LAUNCHER_VARIABLE] = str(os.getpid())  # its workers end themselves once it is gone
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = handled_signals()
+    # every node runs the same number of workers: torch numbers them without asking a shared store
+    os.environ["TORCH_ELASTIC_WORKER_IDENTICAL"] = "1"
     arguments = ["-u", "-m", WORKER_MODULE, str(job_file), "--run-dir", str(run_dir), "--threads", str(threads)]
     if resume:
         arguments.append("--resume")
@@ -56,12 +59,20 @@ def launch(job_file, run_dir, *, workers: int, threads: int, rendezvous: Rendezv
         shutil.rmtree(logs, ignore_errors=True)
 
 
+class NodeAgent(LocalElasticAgent):
+    """torch's agent for this node's workers, minus what shoal's rendezvous does itself: no restarts of
+    its own (every node restarts together) and no exit barrier on the shared store, whose requests
+    would block the launcher, unseen by signals, over a cut link."""
+
+    def _exit_barrier(self) -> None:
+        pass
+
+
 def make_agent(rendezvous: RendezvousHandler, workers: int, arguments: list[str], logs: str) -> LocalElasticAgent:
-    """torch's agent for this node's workers: no restarts of its own (shoal restarts every node together)."""
     spec = WorkerSpec(role="worker", local_world_size=workers, entrypoint=sys.executable, args=tuple(arguments),
                       rdzv_handler=rendezvous, max_restarts=0, monitor_interval=0.1)
-    return LocalElasticAgent(spec, logs_specs=DefaultLogsSpecs(log_dir=logs), start_method="spawn",
-                             exit_barrier_timeout=EXIT_BARRIER_SECONDS, shutdown_timeout=SHUTDOWN_SECONDS)
+    return NodeAgent(spec, logs_specs=DefaultLogsSpecs(log_dir=logs), start_method="spawn",
+                     shutdown_timeout=SHUTDOWN_SECONDS)
 
 
 @contextlib.contextmanager
@@ -76,16 +87,16 @@ def _quiet_elastic():
         quiet.setLevel(level)
 
 
-def stop_workers() -> int:
-    """SIGTERM this launcher's workers (another node failed, or the job ended); the agent sees them end
-    and escalates to SIGKILL after SHUTDOWN_SECONDS. Returns how many were signalled."""
-    import psutil
+def stop_workers(number: int = signal.SIGTERM) -> int:
+    """Signal this launcher's workers (another node failed, or the job ended); how many were signalled.
 
+    A stopped or wedged worker ignores SIGTERM and the agent, seeing it alive, would wait for ever:
+    the caller sends SIGKILL after SHUTDOWN_SECONDS."""
     count = 0
     for child in psutil.Process().children():
         try:
             if WORKER_MODULE in " ".join(child.cmdline()):
-                child.send_signal(signal.SIGTERM)
+                child.send_signal(number)
                 count += 1
         except psutil.Error:  # ended meanwhile
             continue

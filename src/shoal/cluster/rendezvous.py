@@ -9,8 +9,9 @@ all restart or all stop. A node that does not come back within the timeout fails
 its host named. torch's static rendezvous has no way to bring the other nodes back, and its
 dynamic one chooses node ranks itself; this keeps `--node-rank` and one restart loop for both.
 
-Keys: `node/K/host`, `attempt/N/{port,joined/K,report/K,failed,decision}` and `end` (the job
-was stopped or failed outside an attempt; every node leaves).
+Keys: `run_id`, `node/next` (arrival order), `node/K/{claim,host}`,
+`attempt/N/{port,joined/K,report/K,failed,decision}`, `end` (the job was stopped or failed outside
+an attempt; every node leaves) and `left/K` (a follower is done: the leader may close the store).
 """
 
 from __future__ import annotations
@@ -119,6 +120,8 @@ class Meeting:
         self.port = self.store.port  # the one picked when asked for any
         self.leader = self.node_rank == 0
         self.hosts = self._introduce()
+        self.attempt = -1  # the latest attempt begun
+        self.gone: set[int] = set()  # nodes known to have left without a word
 
     # ------------------------------------------------------------------ joining once
 
@@ -181,7 +184,7 @@ class Meeting:
 
     def begin(self, attempt: int) -> tuple[str, int]:
         """Every node joins attempt `attempt`; returns (address, port) of its workers' store."""
-        prefix = f"attempt/{attempt}"
+        prefix, self.attempt = f"attempt/{attempt}", attempt
         if self.leader:
             self.worker_store = None  # the last attempt's store closes
             self.worker_store = stores.serve(self.bind)
@@ -191,6 +194,7 @@ class Meeting:
                              time.monotonic() + self.timeout)
         if missing:
             gone = [int(key.rsplit("/", 1)[1]) for key in missing if "/joined/" in key]
+            self.gone.update(gone)
             names = ", ".join(f"{self.hosts[rank]} (node {rank})" for rank in gone) or self.hosts[0]
             raise WorkerError(f"{names} did not come back within {self.timeout:g} s (cluster.timeout)")
         port = int(self.store.get(f"{prefix}/port"))
@@ -208,7 +212,9 @@ class Meeting:
         missing = self._wait(keys, time.monotonic() + seconds, watch_end=False)
         sent = [key for key in keys if key not in missing]
         reports = [Report(**json.loads(value)) for value in self.store.multi_get(sent)] if sent else []
-        return reports, [int(key.rsplit("/", 1)[1]) for key in missing]
+        absent = [int(key.rsplit("/", 1)[1]) for key in missing]
+        self.gone.update(absent)
+        return reports, absent
 
     def decide(self, attempt: int, decision: Decision) -> None:
         self.store.set(f"attempt/{attempt}/decision", json.dumps(asdict(decision)))
@@ -232,7 +238,23 @@ class Meeting:
         """Every node leaves (a stop, or a failure outside an attempt); best effort."""
         try:
             self.store.compare_set("end", "", message)
-        except (RuntimeError, ValueError):
+        except (RuntimeError, ValueError, WorkerError):  # the store already gone or out of reach
+            pass
+
+    def leave(self) -> None:
+        """A follower is done with the job's store: the leader may close it (best effort)."""
+        try:
+            self.store.set(f"left/{self.node_rank}", "1")
+        except (RuntimeError, ValueError, WorkerError):
+            pass
+
+    def linger(self, seconds: float = REPORT_SECONDS) -> None:
+        """The leader keeps the store up until every follower still there has read the decision or the end."""
+        try:
+            there = [rank for rank in range(1, self.count) if rank not in self.gone and
+                     (self.attempt < 0 or self.store.check([f"attempt/{self.attempt}/joined/{rank}"]))]
+            self._wait([f"left/{rank}" for rank in there], time.monotonic() + seconds, watch_end=False)
+        except (RuntimeError, ValueError, WorkerError):
             pass
 
     def ended(self) -> str | None:
@@ -262,7 +284,7 @@ class AttemptRendezvous(RendezvousHandler):
     """torch's agent's view of one attempt: everything was agreed beforehand, so nothing waits here."""
 
     def __init__(self, meeting: Meeting, attempt: int, address: str, port: int):
-        self.store = dist.PrefixStore(f"attempt/{attempt}/agents", meeting.store.raw)
+        self.store = dist.HashStore()  # torch's agent asks none of it: see shoal.cluster.launch.NodeAgent
         self.rank, self.count = meeting.node_rank, meeting.count
         self.address, self.port = address, port
 

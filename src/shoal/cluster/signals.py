@@ -53,6 +53,8 @@ def interruptible():
     """Within: a stop signal raises Interrupted (main thread only; elsewhere nothing changes)."""
     with caller_signal_handlers():
         for name in filter(None, handled_signals().split(",")):
+            if signal.getsignal(getattr(signal, name)) is None:  # installed outside Python: left alone
+                continue
             try:
                 signal.signal(getattr(signal, name), _raise_interrupted)
             except ValueError:

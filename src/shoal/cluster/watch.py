@@ -9,15 +9,18 @@ workers within a moment; losing the store itself (the first machine gone) does t
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
 
 import torch.distributed as dist
 
-from shoal.cluster.launch import stop_workers
+from shoal.cluster.launch import SHUTDOWN_SECONDS, stop_workers
 from shoal.cluster.rendezvous import Meeting
 from shoal.cluster.store import StoreUnreachable, first_line
 
 WATCH_SECONDS = 0.25
+GRACE_SECONDS = 1.0
 
 
 class AttemptWatch:
@@ -45,9 +48,13 @@ class AttemptWatch:
             except (RuntimeError, ValueError, StoreUnreachable) as error:  # torch's store errors are RuntimeErrors
                 self.lost = first_line(error)
             break
-        while not self._done.is_set():  # again until the agent is done: some may not have started yet
-            self.stopped = stop_workers() > 0 or self.stopped
-            self._done.wait(self.interval)
+        began = time.monotonic()
+        while not self._done.wait(self.interval):  # until the agent is done: some may not have started yet
+            waited = time.monotonic() - began
+            if waited < GRACE_SECONDS:  # workers that fail of themselves report their own error
+                continue
+            number = signal.SIGKILL if waited > GRACE_SECONDS + SHUTDOWN_SECONDS else signal.SIGTERM
+            self.stopped = stop_workers(number) > 0 or self.stopped
 
     def __exit__(self, *exception) -> None:
         self._done.set()

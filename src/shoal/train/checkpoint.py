@@ -7,9 +7,10 @@ temporary name and renamed only when every file is in it, so a writer that dies 
 previous checkpoint valid. All files are read with `torch.load(weights_only=True)`.
 
 On a cluster the run directory may be one folder shared by every machine or each machine's own:
-each rank writes its file into the folder it sees, and the first rank of each folder (found at
-the start by a marker file rank 0 leaves) checks that every file of its folder's ranks is there
-before renaming. Resuming takes the newest epoch every rank holds, agreed over the process group.
+each rank writes its file into the folder it sees. A marker file rank 0 leaves at the start
+tells which ranks share its folder; the others are grouped by host. The first rank of each
+group checks that every file of its group is there before renaming. Resuming takes the newest
+epoch every rank holds, agreed over the process group.
 """
 
 from __future__ import annotations
@@ -191,6 +192,10 @@ def agree_on_latest(run_dir: Path, comm: Communicator, coordinator: bool) -> Fou
     """The newest checkpoint every rank holds a good file of, in whichever folder it sees (collective)."""
     held = comm.all_gather_object(held_epochs(run_dir, comm.rank))
     common = set.intersection(*(set(epochs) for epochs in held))
+    if coordinator and held[0] and max(held[0]) > max(common, default=0):
+        short = [rank for rank, epochs in enumerate(held) if max(held[0]) not in epochs]
+        warnings.warn(f"{run_dir}: ranks {short} hold no good file of epoch {max(held[0])}; going back to epoch "
+                      f"{max(common, default=0)}, the newest every rank holds", stacklevel=2)
     return comm.broadcast_object(find_latest(run_dir, comm.world_size, common) if coordinator else None)
 
 

@@ -10,9 +10,14 @@ import torch
 
 from shoal.cluster import env
 from shoal.cluster.env import DistInfo, choose_device, cores, get_dist_info, init_process_group, threads_per_worker
+from shoal.cluster.environments import ENVIRONMENTS
 from shoal.errors import ShoalError
 
-LAUNCHER_VARIABLES = [name for names in env._LAUNCHERS for name in names] + ["MASTER_ADDR", "MASTER_PORT"]
+LAUNCHER_VARIABLES = [name for environment in ENVIRONMENTS for name in
+                      (environment.RANK, environment.SIZE, environment.LOCAL_RANK, environment.LOCAL_SIZE) if name] + [
+    "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_NODEID", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID",
+    "SLURM_GPUS_PER_TASK", "TORCHELASTIC_RESTART_COUNT"]
 
 
 @pytest.fixture(autouse=True)
@@ -65,13 +70,14 @@ def test_missing_local_variables_mean_local_rank_0_and_every_worker_on_this_mach
     assert place(get_dist_info()) == (1, 3, 0, 3)
 
 
-def test_torchrun_comes_before_slurm_and_slurm_before_open_mpi(monkeypatch):
-    # torchrun started inside a SLURM allocation, itself inside mpirun
-    set_variables(monkeypatch, OMPI_COMM_WORLD_RANK=3, OMPI_COMM_WORLD_SIZE=4)
+def test_a_launchers_own_variables_come_before_an_outer_allocations(monkeypatch):
+    # an sbatch allocation, mpirun inside it, torchrun inside that
     set_variables(monkeypatch, SLURM_PROCID=2, SLURM_NTASKS=6)
-    assert place(get_dist_info())[:2] == (2, 6)
+    assert get_dist_info().launcher == "SLURM"
+    set_variables(monkeypatch, OMPI_COMM_WORLD_RANK=3, OMPI_COMM_WORLD_SIZE=4)
+    assert place(get_dist_info())[:2] == (3, 4) and get_dist_info().launcher == "Open MPI"
     set_variables(monkeypatch, RANK=1, WORLD_SIZE=2)
-    assert place(get_dist_info())[:2] == (1, 2)
+    assert place(get_dist_info())[:2] == (1, 2) and get_dist_info().launcher == "torchrun"
 
 
 def test_a_launcher_counts_only_with_both_its_rank_and_its_size(monkeypatch):
@@ -178,13 +184,13 @@ def test_a_world_of_one_joins_nothing(joins):
 
 @pytest.mark.parametrize("present", [{}, {"MASTER_ADDR": "10.0.0.1"}, {"MASTER_PORT": "29500"}])
 def test_a_world_of_many_needs_master_addr_and_port(monkeypatch, joins, present):
-    set_variables(monkeypatch, **present)
-    with pytest.raises(ShoalError, match="MASTER_ADDR and MASTER_PORT must be set"):
-        init_process_group(DistInfo(rank=1, world_size=2), torch.device("cpu"), timeout=30)
+    set_variables(monkeypatch, OMPI_COMM_WORLD_RANK=1, OMPI_COMM_WORLD_SIZE=2, **present)
+    with pytest.raises(ShoalError, match="MASTER_ADDR and MASTER_PORT must be set for a job started by Open MPI"):
+        init_process_group(get_dist_info(), torch.device("cpu"), timeout=30)
     assert joins == []
 
 
 def test_a_world_of_many_on_cpu_joins_with_gloo(monkeypatch, joins):
-    set_variables(monkeypatch, MASTER_ADDR="127.0.0.1", MASTER_PORT=29500)
-    init_process_group(DistInfo(rank=1, world_size=3), torch.device("cpu"), timeout=45)
+    set_variables(monkeypatch, MASTER_ADDR="127.0.0.1", MASTER_PORT=29500, RANK=1, WORLD_SIZE=3)
+    init_process_group(get_dist_info(), torch.device("cpu"), timeout=45)
     assert joins == [(("gloo",), {"rank": 1, "world_size": 3, "timeout": timedelta(seconds=45), "device_id": None})]

@@ -129,3 +129,12 @@ def test_a_worker_alone_or_without_a_store_beats_into_a_private_one(monkeypatch)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "1")
     assert isinstance(liveness_store(DistInfo()), dist.HashStore)  # alone: never contacted
+
+
+def test_a_machine_cut_off_with_two_ranks_is_named(beating):
+    beats = [beating(rank, world_size=4) for rank in range(4)]
+    wait_for(lambda: all(len(beat.heard) == 4 for beat in beats))
+    beats[2].close()
+    beats[3].close()  # both ranks of the second machine fall silent together
+    time.sleep(12 * INTERVAL)
+    assert beats[0].silent(gap=6 * INTERVAL)["rank"] in (2, 3)

@@ -181,3 +181,26 @@ def test_the_first_end_is_kept(pair):
     follower.end("first")
     leader.end("second")
     assert leader.ended() == follower.ended() == "first"
+
+
+def test_the_leader_keeps_its_store_until_a_follower_has_read_the_decision(pair, pool):
+    leader, follower = pair()
+    for joined in [pool.submit(meeting.begin, 0) for meeting in (leader, follower)]:
+        joined.result(WAIT)
+    decision = Decision(restart=False, message="worker rank 1 on host1 failed: killed by SIGKILL")
+    leader.decide(0, decision)
+    closing = pool.submit(lambda: (leader.linger(), leader.close()))  # as the leader's launcher leaves
+    time.sleep(0.5)  # the follower is slow to look
+    assert not closing.done()
+    assert follower.decision(0) == decision
+    follower.leave()
+    closing.result(WAIT)
+
+
+def test_the_leader_does_not_wait_for_a_follower_that_never_came_back(pair):
+    leader, follower = pair(timeout=1)
+    with pytest.raises(WorkerError, match="did not come back"):
+        leader.begin(0)  # the follower never joins attempt 0
+    began = time.monotonic()
+    leader.linger()
+    assert time.monotonic() - began < 1
