@@ -102,7 +102,8 @@ def test_a_worker_restarted_by_torchruns_own_agent_continues_from_the_checkpoint
     job = write_job(tmp_path / "job.toml", task, action="kill", at=STEPS_PER_EPOCH + 20, marker=tmp_path / "fired")
     run_dir = tmp_path / "run"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                "--max-restarts", "1", "-m", "shoal.worker", str(job), "--run-dir", str(run_dir)]
+                "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"),  # else a /tmp/torchelastic_* stays
+                "-m", "shoal.worker", str(job), "--run-dir", str(run_dir)]
     finished = subprocess.run(torchrun, capture_output=True, text=True, env=project_env, timeout=TIMEOUT)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert (tmp_path / "fired").exists()
