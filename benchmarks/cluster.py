@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
+import shutil
 import sys
 import time
 from pathlib import Path
 
 from tests.cluster.hosts import EmulatedCluster, missing_requirements
+from tests.cluster.jobs import log_of, start_on_two_hosts
 
 from benchmarks.common import ROOT, WORK, machine, machine_line, shoal_train, write_result
 from shoal.data.synthetic import synth_digits
@@ -28,7 +29,6 @@ from shoal.events import read_history
 RATES = ("1gbit", "100mbit", "10mbit")
 ALGORITHMS = ("sync", "averaging")
 BATCHES = (128, 1024)
-PORT = 29400
 
 
 def write_job(folder: Path, train: Path, algorithm: str, batch: int) -> Path:
@@ -65,22 +65,16 @@ def second_epoch(run_dir: Path) -> dict:
 
 def on_two_hosts(cluster: EmulatedCluster, job: Path, name: str) -> dict:
     run_dir = cluster.shared / name
-    launchers = []
-    for host in range(2):
-        command = [sys.executable, "-m", "shoal", "train", str(job), "--workers", "1", "--nnodes", "2",
-                   "--node-rank", str(host), "--rdzv-endpoint", f"{cluster.address(0)}:{PORT}",
-                   "--run-dir", str(run_dir)]
-        launchers.append(cluster.start(host, command, log=cluster.shared / f"{name}-{host}.log",
-                                       env=dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}")))
+    launchers = start_on_two_hosts(cluster, str(job), run_dir, dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}"))
     for host, launcher in enumerate(launchers):
         if launcher.wait(timeout=1800) != 0:
-            raise RuntimeError(f"host {host}: {(cluster.shared / f'{name}-{host}.log').read_text()[-2000:]}")
+            raise RuntimeError(f"host {host}: {log_of(cluster, run_dir, host)[-2000:]}")
     return second_epoch(run_dir)
 
 
 def on_one_host(job: Path, name: str) -> dict:
     run_dir = WORK / "cluster" / name
-    subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
     shoal_train(job, run_dir, "--workers", "2")
     return second_epoch(run_dir)
 

@@ -8,6 +8,12 @@ traceback. Everything else is a bug or an environment failure and keeps its trac
 EXIT_USAGE = 2
 
 
+def first_line(error: BaseException) -> str:
+    """An exception in one line: its message's first line, or its type's name when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class ShoalError(Exception):
     """A problem with the user's input, described in one line that names the culprit."""
 

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from shoal.cluster.heartbeat import silence, verdict
 from shoal.cluster.launch import launch
 from shoal.cluster.rendezvous import AttemptRendezvous, Decision, Meeting, Nodes, Report, failure_fields
 from shoal.cluster.signals import Interrupted, interruptible
-from shoal.cluster.store import StoreUnreachable, first_line
+from shoal.cluster.store import StoreUnreachable
 from shoal.cluster.watch import AttemptWatch
-from shoal.errors import EXIT_USAGE, WorkerError
+from shoal.errors import EXIT_USAGE, WorkerError, first_line
 from shoal.events import JobEnd, JobRestarted, WorkerFailed, append_event, read_history
 from shoal.train.checkpoint import newest_epoch
 
@@ -52,7 +53,8 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
                 append_event(plan.run_dir, JobEnd(status="interrupted", message=str(interrupt)))
             raise
         except Exception as error:  # whatever it was, the other machines must not wait for this one
-            error = lost_store(error, meeting) if isinstance(error, (dist.DistError, StoreUnreachable)) else error
+            if isinstance(error, (dist.DistError, StoreUnreachable)):
+                error = lost_store(first_line(error), meeting)
             if meeting is not None:
                 meeting.end(str(error))
                 if meeting.leader and not isinstance(error, WorkerError):  # a WorkerError's end is recorded
@@ -69,11 +71,11 @@ def records_events(meeting: Meeting | None, nodes: Nodes) -> bool:
     return meeting.leader if meeting is not None else nodes.count == 1 or nodes.rank == 0
 
 
-def lost_store(error: Exception, meeting: Meeting | None) -> WorkerError:
+def lost_store(reason: str, meeting: Meeting | None) -> WorkerError:
     """The first machine, or the way to it, is gone: one line naming both ends."""
     if meeting is None:
-        return WorkerError(f"could not join the job's store: {first_line(error)}")
-    return WorkerError(f"{meeting.host} lost the job's store on {meeting.hosts[0]}: {first_line(error)}")
+        return WorkerError(f"could not join the job's store: {reason}")
+    return WorkerError(f"{meeting.host} lost the job's store on {meeting.hosts[0]}: {reason}")
 
 
 class Supervisor:
@@ -114,7 +116,7 @@ class Supervisor:
                        rendezvous=rendezvous, resume=resume)
         except WorkerError as error:
             if watch.lost is not None:
-                raise WorkerError(f"{meeting.host} lost the job's store on {meeting.hosts[0]}: {watch.lost}") from None
+                raise lost_store(watch.lost, meeting) from None
             # stopped by the watch: a cause only if a worker wrote one of its own first
             stopped = watch.stopped and error.failure is not None and error.failure.signal in ("SIGTERM", "SIGKILL")
             meeting.report(attempt, Report(meeting.node_rank, failure=failure_fields(error.failure),
@@ -136,7 +138,7 @@ class Supervisor:
             meeting.decide(attempt, decision)
             return decision
         reports, missing = meeting.reports(attempt)
-        cause, text = root_cause(reports, missing, meeting.silent_worker(), meeting.hosts, self.plan.workers)
+        cause, text = root_cause(reports, missing, verdict(meeting.worker_store), meeting.hosts, self.plan.workers)
         append_event(run_dir, cause)
         usage = any(report.usage for report in reports if not report.consequence)
         if any(report.succeeded for report in reports):  # workers pass their last barrier after the model is saved
@@ -167,8 +169,7 @@ def root_cause(reports: list[Report], missing: list[int], silent: dict | None, h
     `workers` per node places a rank that never beat on its host."""
     if silent is not None:
         host = silent["host"] if silent["host"] != "?" else hosts[min(silent["rank"] // workers, len(hosts) - 1)]
-        step = "before its first step" if silent["step"] is None else f"at step {silent['step']}"
-        message = f"stopped answering {step}"
+        message = silence(silent)
         text = f"worker rank {silent['rank']} on {host} {message}; the others waited for it"
         return WorkerFailed(rank=silent["rank"], host=host, message=message), text
     failed = [report for report in reports if report.failure is not None]

@@ -34,6 +34,13 @@ def launcher_folders() -> set[Path]:
     return {path for pattern in LAUNCHER_FOLDERS for path in temporary.glob(pattern)}
 
 
+def wait_for_first_epoch(launcher: subprocess.Popen, run_dir: Path) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not any(record["event"] == "epoch_end" for record in read_events(run_dir)):
+        assert launcher.poll() is None and time.monotonic() < deadline, "the job ended before epoch 1"
+        time.sleep(0.05)
+
+
 def test_fit_gives_the_callers_signal_handlers_back_and_leaves_no_folders(task, tmp_path):
     def mine(signum, frame):
         raise AssertionError("not expected to run")
@@ -60,10 +67,7 @@ def test_sighup_is_ignored_under_nohup(task, tmp_path, project_env):
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=project_env,
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while not any(record["event"] == "epoch_end" for record in read_events(run_dir)):
-            assert launcher.poll() is None and time.monotonic() < deadline, "the job ended before epoch 1"
-            time.sleep(0.05)
+        wait_for_first_epoch(launcher, run_dir)
         os.kill(launcher.pid, signal.SIGHUP)  # the terminal closes
         _, stderr = launcher.communicate(timeout=TIMEOUT)
     finally:
@@ -80,10 +84,7 @@ def test_a_job_on_one_machine_listens_on_loopback_only(task, tmp_path, project_e
         [sys.executable, "-m", "shoal", "train", str(job), "--workers", "2", "--run-dir", str(run_dir)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=project_env)
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while not any(record["event"] == "epoch_end" for record in read_events(run_dir)):
-            assert launcher.poll() is None and time.monotonic() < deadline, "the job ended before epoch 1"
-            time.sleep(0.05)
+        wait_for_first_epoch(launcher, run_dir)
         job_processes = [psutil.Process(launcher.pid), *psutil.Process(launcher.pid).children(recursive=True)]
         listening = [connection.laddr for process in job_processes
                      for connection in process.net_connections(kind="inet") if connection.status == psutil.CONN_LISTEN]

@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from shoal.cluster.environments import detect
-from shoal.cluster.environments.torchelastic import TorchElastic
 from shoal.cluster.interface import choose_interface
 from shoal.errors import ShoalError
 
@@ -50,7 +49,7 @@ def get_dist_info(environ: Mapping[str, str] = os.environ) -> DistInfo:
     return DistInfo(rank=place.rank, world_size=place.world_size, local_rank=place.local_rank,
                     local_world_size=place.local_world_size, launcher=environment.name,
                     master=environment.master(), gpu_per_process=environment.gpu_per_process(),
-                    restarts=environment.restart_count() if isinstance(environment, TorchElastic) else 0)
+                    restarts=environment.restart_count())
 
 
 def init_process_group(info: DistInfo, device: torch.device, timeout: float) -> None:

@@ -20,8 +20,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from shoal.cluster.env import DistInfo
-from shoal.cluster.store import REQUEST_SECONDS, Bounded
-from shoal.errors import WorkerError
+from shoal.cluster.store import REQUEST_SECONDS, STORE_ERRORS, Bounded
 
 HEARTBEAT_SECONDS = 1.0
 SILENT_KEY = "shoal/silent"
@@ -29,6 +28,18 @@ SILENT_KEY = "shoal/silent"
 
 def beat_key(rank: int) -> str:
     return f"shoal/beat/{rank}"
+
+
+def silence(beat: dict) -> str:
+    """How a silent rank's last beat reads in a message: `stopped answering at step S`."""
+    return "stopped answering " + ("before its first step" if beat["step"] is None else f"at step {beat['step']}")
+
+
+def verdict(store: dist.Store | None) -> dict | None:
+    """The beat of the worker the first to time out found silent (see Heartbeat.blame), if one did."""
+    if store is None or not store.check([SILENT_KEY]):
+        return None
+    return json.loads(store.get(SILENT_KEY))
 
 
 def liveness_store(info: DistInfo) -> dist.Store:
@@ -82,7 +93,7 @@ class Heartbeat:
             try:
                 self._beat()
                 self._listen()
-            except (RuntimeError, ValueError, OSError):  # the store out of reach must not end training
+            except (*STORE_ERRORS, OSError):  # the store out of reach must not end training
                 pass
 
     def silent(self, gap: float) -> dict | None:
@@ -102,7 +113,7 @@ class Heartbeat:
         if quiet is not None:
             try:  # bounded: over a cut link the request would never return
                 Bounded(self.store).compare_set(SILENT_KEY, "", json.dumps(quiet))
-            except (RuntimeError, ValueError, WorkerError):
+            except STORE_ERRORS:
                 pass
         return quiet
 

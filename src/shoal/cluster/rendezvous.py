@@ -16,6 +16,7 @@ an attempt; every node leaves) and `left/K` (a follower is done: the leader may 
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -30,8 +31,7 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousIn
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from shoal.cluster import store as stores
-from shoal.cluster.heartbeat import SILENT_KEY
-from shoal.errors import ConfigError, WorkerError
+from shoal.errors import ConfigError, WorkerError, first_line
 from shoal.events import WorkerFailed
 
 DEFAULT_PORT = 29400
@@ -137,7 +137,7 @@ class Meeting:
                 return store, 0, bind
             except (OSError, RuntimeError) as error:
                 if nodes.rank == 0:
-                    raise WorkerError(f"{self.host}: cannot listen on {host}:{self.port}: {stores.first_line(error)}") \
+                    raise WorkerError(f"{self.host}: cannot listen on {host}:{self.port}: {first_line(error)}") \
                         from None
                 # another node of this machine holds it: join as a follower
         if nodes.rank == 0:
@@ -226,36 +226,24 @@ class Meeting:
             raise WorkerError(f"{self.hosts[0]} (node 0) decided nothing after the failure")
         return Decision(**json.loads(self.store.get(key)))
 
-    def silent_worker(self) -> dict | None:
-        """The leader's record of the worker that stopped answering in the last attempt (see heartbeat)."""
-        if self.worker_store is None or not self.worker_store.check([SILENT_KEY]):
-            return None
-        return json.loads(self.worker_store.get(SILENT_KEY))
-
     # ------------------------------------------------------------------ the whole job's end
 
     def end(self, message: str) -> None:
         """Every node leaves (a stop, or a failure outside an attempt); best effort."""
-        try:
+        with contextlib.suppress(*stores.STORE_ERRORS):  # the store already gone or out of reach
             self.store.compare_set("end", "", message)
-        except (RuntimeError, ValueError, WorkerError):  # the store already gone or out of reach
-            pass
 
     def leave(self) -> None:
         """A follower is done with the job's store: the leader may close it (best effort)."""
-        try:
+        with contextlib.suppress(*stores.STORE_ERRORS):
             self.store.set(f"left/{self.node_rank}", "1")
-        except (RuntimeError, ValueError, WorkerError):
-            pass
 
     def linger(self, seconds: float = REPORT_SECONDS) -> None:
         """The leader keeps the store up until every follower still there has read the decision or the end."""
-        try:
+        with contextlib.suppress(*stores.STORE_ERRORS):
             there = [rank for rank in range(1, self.count) if rank not in self.gone and
                      (self.attempt < 0 or self.store.check([f"attempt/{self.attempt}/joined/{rank}"]))]
             self._wait([f"left/{rank}" for rank in there], time.monotonic() + seconds, watch_end=False)
-        except (RuntimeError, ValueError, WorkerError):
-            pass
 
     def ended(self) -> str | None:
         return self.store.get("end").decode() if self.store.check(["end"]) else None

@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from shoal.errors import WorkerError
+from shoal.errors import WorkerError, first_line
 
 REQUEST_SECONDS = 5.0  # one store request; a cut link shows up within this
 POLL_SECONDS = 0.2
@@ -25,6 +25,10 @@ POLL_SECONDS = 0.2
 
 class StoreUnreachable(WorkerError):
     """The job's store (on the first machine's launcher) cannot be reached."""
+
+
+STORE_ERRORS = (RuntimeError, ValueError, StoreUnreachable)
+"""What a request to the store raises when the store is gone or out of reach (torch's are RuntimeErrors)."""
 
 
 def serve(address: str, port: int = 0) -> dist.TCPStore:
@@ -105,7 +109,3 @@ def wait_for(store: dist.Store, keys: list[str], deadline: float) -> list[str]:
             return missing
         time.sleep(POLL_SECONDS)
 
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from shoal.cluster.launch import SHUTDOWN_SECONDS, stop_workers
 from shoal.cluster.rendezvous import Meeting
-from shoal.cluster.store import StoreUnreachable, first_line
+from shoal.cluster.store import STORE_ERRORS
+from shoal.errors import first_line
 
 WATCH_SECONDS = 0.25
 GRACE_SECONDS = 1.0
@@ -45,7 +46,7 @@ class AttemptWatch:
             try:
                 if not any(store.check([key]) for key in self.keys):
                     continue
-            except (RuntimeError, ValueError, StoreUnreachable) as error:  # torch's store errors are RuntimeErrors
+            except STORE_ERRORS as error:
                 self.lost = first_line(error)
             break
         began = time.monotonic()

@@ -142,30 +142,28 @@ class Found:
     coordinator: dict
 
 
-def _coordinator(path: Path, world_size: int) -> tuple[dict | None, str]:
+def _load(path: Path) -> tuple[dict | None, str]:
+    """(the file's content, "") or (None, why it does not load)."""
     try:
-        coordinator = torch.load(path / COORDINATOR_FILE, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True), ""
     except Exception as error:  # a truncated or missing file raises several kinds
-        return None, f"{path / COORDINATOR_FILE}: {type(error).__name__}: {error}"
+        return None, f"{path}: {type(error).__name__}: {error}"
+
+
+def _coordinator(path: Path, world_size: int) -> tuple[dict | None, str]:
+    coordinator, problem = _load(path / COORDINATOR_FILE)
+    if coordinator is None:
+        return None, problem
     if coordinator.get("world_size") != world_size:
         return None, f"{path}: written by {coordinator.get('world_size')} workers, this job has {world_size}"
     return coordinator, ""
-
-
-def _loads(path: Path) -> str:
-    """Why the file at `path` does not load ("" when it does)."""
-    try:
-        torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        return f"{path}: {type(error).__name__}: {error}"
-    return ""
 
 
 def held_epochs(run_dir: Path, rank: int) -> list[int]:
     """The epochs whose checkpoint file of `rank` loads in this machine's run directory."""
     held = []
     for path in sorted((Path(run_dir) / CHECKPOINTS).glob("epoch-*"), reverse=True):
-        problem = _loads(path / rank_file(rank))
+        _, problem = _load(path / rank_file(rank))
         if problem:
             warnings.warn(f"skipping damaged checkpoint {problem}", stacklevel=2)
         else:
@@ -180,7 +178,7 @@ def find_latest(run_dir: Path, world_size: int, epochs: set[int] | None = None) 
     for path in sorted(root.glob("epoch-*"), reverse=True):
         coordinator, problem = _coordinator(path, world_size)
         if coordinator is not None and epochs is None:
-            problem = next(filter(None, (_loads(path / rank_file(rank)) for rank in range(world_size))), "")
+            problem = next(filter(None, (_load(path / rank_file(rank))[1] for rank in range(world_size))), "")
         if coordinator is not None and not problem and (epochs is None or int(coordinator["epoch"]) in epochs):
             return Found(path, int(coordinator["epoch"]), coordinator)
         if problem:
@@ -203,10 +201,9 @@ def newest_epoch(run_dir: Path) -> int:
     """The epoch of the newest checkpoint with a good coordinator file (0 with none): where a restart
     begins, as the first machine sees it."""
     for path in sorted((Path(run_dir) / CHECKPOINTS).glob("epoch-*"), reverse=True):
-        try:
-            return int(torch.load(path / COORDINATOR_FILE, map_location="cpu", weights_only=True)["epoch"])
-        except Exception:
-            continue
+        coordinator, _ = _load(path / COORDINATOR_FILE)
+        if coordinator is not None:
+            return int(coordinator["epoch"])
     return 0
 
 
@@ -227,9 +224,8 @@ def check_resumable(run_dir: Path, job, spec: dict, train_rows: int, world_size:
     """Refuse to resume a job that differs from the checkpoints' in what would change its course."""
     wanted = fingerprint(job, spec, train_rows, world_size)
     for path in sorted((Path(run_dir) / CHECKPOINTS).glob("epoch-*"), reverse=True):
-        try:
-            written = torch.load(path / COORDINATOR_FILE, map_location="cpu", weights_only=True)
-        except Exception:  # damaged: find_latest skips it with a warning
+        written, _ = _load(path / COORDINATOR_FILE)
+        if written is None:  # damaged: find_latest skips it with a warning
             continue
         recorded = written.get("fingerprint", {"cluster.workers": written.get("world_size")})
         for key, value in recorded.items():

@@ -18,10 +18,11 @@ import torch
 from shoal.algorithms import Role, ServerAlgorithm, make_algorithm, role, trainer_ranks
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import DistInfo, choose_device
-from shoal.cluster.heartbeat import Heartbeat, liveness_store
+from shoal.cluster.heartbeat import Heartbeat, liveness_store, silence
 from shoal.config import JobConfig
 from shoal.data.loader import ShardLoader
 from shoal.data.partition import steps_per_epoch
+from shoal.errors import first_line
 from shoal.events import JobStart, WorkerMemory
 from shoal.model import build_model
 from shoal.train.checkpoint import (
@@ -70,19 +71,14 @@ class Runner:
                 self.end_epoch(epoch, self.run_epoch(epoch))
             return self.complete()
         except RuntimeError as error:
-            raise self.blame(error) from error
+            quiet = self.heartbeat.blame() if self.heartbeat and "timed out" in str(error).lower() else None
+            if quiet is None:
+                raise
+            # the rank that raised only waited: the message names the one that stopped answering
+            raise RuntimeError(f"worker rank {quiet['rank']} on {quiet['host']} {silence(quiet)}; "
+                               f"rank {self.info.rank} waited for it ({first_line(error)})") from error
         finally:
             self.finish()
-
-    def blame(self, error: RuntimeError) -> RuntimeError:
-        """A collective that timed out names the worker that stopped answering, when the beats show one."""
-        quiet = self.heartbeat.blame() if self.heartbeat and "timed out" in str(error).lower() else None
-        if quiet is None:
-            return error
-        cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        step = "before its first step" if quiet["step"] is None else f"at step {quiet['step']}"
-        return RuntimeError(f"worker rank {quiet['rank']} on {quiet['host']} stopped answering {step}; "
-                            f"rank {self.info.rank} waited for it ({cause})")
 
     def setup(self) -> None:
         """Device, communicator, model, optimizer and algorithm, identical on every rank."""

@@ -50,6 +50,10 @@ class Environment:
         address, port = self.environ.get("MASTER_ADDR"), self.environ.get("MASTER_PORT")
         return (address, int(port)) if address and port else None
 
+    def restart_count(self) -> int:
+        """How many times the launcher itself restarted the workers (only torchrun's agent does)."""
+        return 0
+
     def gpu_per_process(self) -> bool:
         """Whether the launcher shows each process only its own GPU (then it is cuda:0 to every one)."""
         return False

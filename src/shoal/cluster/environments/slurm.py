@@ -8,10 +8,11 @@ derived from the job id, the same on every node. Tasks per node come in SLURM's 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 
-from shoal.cluster.environments.base import Environment
+from shoal.cluster.environments.base import Environment, Place
 from shoal.errors import ShoalError
 
 PORT_BASE, PORT_SPAN = 20000, 20000  # the store's port: PORT_BASE + job id modulo PORT_SPAN
@@ -65,9 +66,9 @@ class Slurm(Environment):
     name = "SLURM"
     RANK, SIZE, LOCAL_RANK = "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"
 
-    def place(self):
+    def place(self) -> Place:
         place = super().place()
-        return type(place)(place.rank, place.world_size, place.local_rank, self.local_world_size(place.world_size))
+        return dataclasses.replace(place, local_world_size=self.local_world_size(place.world_size))
 
     def local_world_size(self, world_size: int) -> int:
         for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
