@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PEERS_STAMP := $(VENV)/.peers-stamp
 
-.PHONY: install demo test lint bench
+.PHONY: install demo test lint bench system-packages
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,19 @@ demo: install
 	@rm -rf .demo/run
 	$(BIN)/shoal train examples/demo.toml --workers 2 --run-dir .demo/run
 
-test: install
+# Launchers the tests start for real (Open MPI's mpirun, MPICH's mpiexec, SLURM and munge): installed from the system's
+# packages when running as root and absent; without them those tests skip and say why.
+SYSTEM_PACKAGES := openmpi-bin:mpirun.openmpi mpich:mpiexec.mpich slurmctld:slurmctld slurmd:slurmd slurm-client:srun munge:munged
+system-packages:
+	@missing=""; for entry in $(SYSTEM_PACKAGES); do \
+	  command -v $${entry#*:} >/dev/null 2>&1 || missing="$$missing $${entry%%:*}"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing$$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null \
+	    || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	        $$missing >/dev/null) || echo "could not install$$missing: the tests that need them skip"; fi
+
+test: install system-packages
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest
 

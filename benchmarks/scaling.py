@@ -50,6 +50,22 @@ def shoal(*arguments: str) -> None:
     subprocess.run([sys.executable, "-m", "shoal", *arguments], check=True, cwd=ROOT)
 
 
+def write_claims_job(rows: int, epochs: int, batch_size: int) -> Path:
+    """The study's job on `rows` synthetic claims (made once under benchmarks/work/scaling)."""
+    folder = WORK / "scaling"
+    train, test = folder / f"claims-{rows}", folder / "claims-test"
+    if not train.exists():
+        shoal("data", "synth", "claims", "--rows", str(rows), "--seed", "1", "--out", str(train))
+    if not test.exists():
+        # a test set with enough fraud rows to measure: the 1:1 balance of the smallest training set
+        shoal("data", "synth", "claims", "--rows", "2000000", "--seed", "2", "--out", str(folder / "claims-pool"))
+        shoal("data", "sample", str(folder / "claims-pool"), "--ratio", "1:10", "--out", str(test))
+        shutil.rmtree(folder / "claims-pool")
+    job = folder / "job.toml"
+    job.write_text(JOB.format(train=train, test=test, epochs=epochs, batch_size=batch_size))
+    return job
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000, help="synthetic claims rows to draw the sizes from")
@@ -61,17 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=WORK / "scaling" / "study")
     args = parser.parse_args(argv)
 
-    folder = WORK / "scaling"
-    train, test = folder / f"claims-{args.rows}", folder / "claims-test"
-    if not train.exists():
-        shoal("data", "synth", "claims", "--rows", str(args.rows), "--seed", "1", "--out", str(train))
-    if not test.exists():
-        # a test set with enough fraud rows to measure: the 1:1 balance of the smallest training set
-        shoal("data", "synth", "claims", "--rows", "2000000", "--seed", "2", "--out", str(folder / "claims-pool"))
-        shoal("data", "sample", str(folder / "claims-pool"), "--ratio", "1:10", "--out", str(test))
-        shutil.rmtree(folder / "claims-pool")
-    job = folder / "job.toml"
-    job.write_text(JOB.format(train=train, test=test, epochs=args.epochs, batch_size=args.batch_size))
+    job = write_claims_job(args.rows, args.epochs, args.batch_size)
     began = time.perf_counter()
     shoal("bench", "scaling", str(job), "--ratios", args.ratios, "--workers", args.workers,
           "--trials", str(args.trials), "--out", str(args.out))

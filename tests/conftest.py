@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import psutil
@@ -10,6 +11,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
+
+# A suite started in the background (`make test &`) inherits Ctrl-C ignored, and so would every job
+# the tests start; the tests that interrupt a job with SIGINT need it heard, as in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

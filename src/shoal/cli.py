@@ -20,28 +20,34 @@ def command_train(args: argparse.Namespace) -> int:
     from shoal.cluster.signals import Interrupted
     from shoal.train.directory import new_run_dir
 
-    if args.resume is not None:
-        if not (args.resume / "job.toml").exists():
-            raise ShoalError(f"{args.resume}: no job.toml: not a shoal run directory")
-        job = resolve_job(args.job or args.resume / "job.toml", args.overrides, args.workers)
-        run_dir = args.resume
-    elif args.job is None:
+    if args.resume is not None and not (args.resume / "job.toml").exists():
+        raise ShoalError(f"{args.resume}: no job.toml: not a shoal run directory")
+    if args.resume is None and args.job is None:
         raise ShoalError("train: give a job file, or --resume RUN_DIR")
-    else:
-        job = resolve_job(args.job, args.overrides, args.workers)
-        run_dir = new_run_dir(job, args.run_dir)
+    job = resolve_job(args.job or args.resume / "job.toml", args.overrides)
+    if args.hosts or args.hostfile or (job.cluster.hosts and not args.stop_when_input_closes and args.nnodes == 1):
+        return command_train_hosts(args, job)
     if args.max_restarts < 0:
         raise ShoalError(f"--max-restarts: must be >= 0, got {args.max_restarts}")
     if args.nnodes < 1:
         raise ShoalError(f"--nnodes: must be >= 1, got {args.nnodes}")
     if args.node_rank is not None and not 0 <= args.node_rank < args.nnodes:
         raise ShoalError(f"--node-rank: must be in 0..{args.nnodes - 1}, got {args.node_rank}")
-    if args.nnodes > 1 and args.run_dir is None and args.resume is None and not job.output.run_dir:
-        # each machine would pick its own dated folder, and a resume would not find the others'
-        raise ShoalError("--run-dir: required with --nnodes > 1 (the same path on every machine)")
+    job = resolve_job(job, [], workers_for(args.workers, job, args.nnodes))
+    if args.resume is not None:
+        run_dir = args.resume
+    else:
+        if args.nnodes > 1 and args.run_dir is None and not job.output.run_dir:
+            # each machine would pick its own dated folder, and a resume would not find the others'
+            raise ShoalError("--run-dir: required with --nnodes > 1 (the same path on every machine)")
+        run_dir = new_run_dir(job, args.run_dir)
     nodes = Nodes(count=args.nnodes, rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id)
     if args.interface:
         use_interface(args.interface)  # the workers inherit it
+    if args.stop_when_input_closes:
+        from shoal.cluster.remote import stop_when_input_closes
+
+        stop_when_input_closes()
     try:
         start(job, run_dir, nodes, resume=args.resume is not None, max_restarts=args.max_restarts)
     except Interrupted as interrupt:
@@ -53,6 +59,65 @@ def command_train(args: argparse.Namespace) -> int:
             print("final " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
     print(f"run directory: {run_dir}")
     return 0
+
+
+def workers_for(option: str | None, job, nodes: int) -> int | None:
+    """--workers as a count: given, or with `auto` what this machine holds (said on stderr)."""
+    if option != "auto":
+        if option is not None and not option.lstrip("-").isdigit():
+            raise ShoalError(f"--workers: must be an integer >= 1 or auto, got {option}")
+        return None if option is None else int(option)  # resolve_job checks the range
+    if nodes > 1:
+        raise ShoalError("--workers auto: every machine must run the same number of workers; give a count, or "
+                         "start them all with --hosts, which asks each machine and takes the smallest")
+    from shoal.train.capacity import auto_workers
+
+    count, reason = auto_workers(job, nodes)
+    print(f"shoal: --workers auto: {reason}", file=sys.stderr)
+    return count
+
+
+def command_train_hosts(args: argparse.Namespace, job) -> int:
+    """--hosts, --hostfile or cluster.hosts: start every host's node from here (shoal.cluster.remote)."""
+    from shoal.api import resolve_job
+    from shoal.cluster.remote import Fleet, agree_workers, node_commands, parse_hosts, read_hostfile
+    from shoal.cluster.signals import Interrupted
+    from shoal.train.directory import new_run_dir
+
+    if args.nnodes != 1 or args.node_rank is not None or args.rdzv_endpoint or args.interface:
+        raise ShoalError("--hosts: the nodes' ranks, meeting place and interfaces are chosen for them; leave out "
+                         "--nnodes, --node-rank, --rdzv-endpoint and --interface")
+    if args.max_restarts < 0:
+        raise ShoalError(f"--max-restarts: must be >= 0, got {args.max_restarts}")
+    if args.hosts and args.hostfile:
+        raise ShoalError("--hosts and --hostfile: give one of them")
+    if args.hostfile:
+        hosts = read_hostfile(args.hostfile)
+    else:
+        hosts = parse_hosts(args.hosts.split(",") if args.hosts else job.cluster.hosts,
+                            "--hosts" if args.hosts else "cluster.hosts")
+    if args.resume is not None:
+        run_dir = args.resume.resolve()
+        arguments = [*([str(args.job.resolve())] if args.job else []), "--resume", str(run_dir)]
+    else:
+        run_dir = new_run_dir(job, args.run_dir).resolve()  # the same absolute path on every host
+        arguments = [str(args.job.resolve()), "--run-dir", str(run_dir)]
+    for override in args.overrides:
+        arguments += ["--set", override]
+    arguments += ["--max-restarts", str(args.max_restarts)]
+    if args.workers not in (None, "auto"):
+        resolve_job(job, [], workers_for(args.workers, job, 1))  # the count's errors, here and not on every host
+    job_file = str(args.job.resolve()) if args.job else str(run_dir / "job.toml")
+    workers = agree_workers(hosts, args.workers or str(job.cluster.workers), job.cluster.remote, job_file,
+                            args.overrides)
+    commands = node_commands(hosts, arguments, workers, job.cluster.port)
+    try:
+        status = Fleet(hosts, commands, job.cluster.remote).run()
+    except Interrupted as interrupt:
+        print(f"shoal: {interrupt} (every host stopped); continue with: shoal train --resume {run_dir} "
+              f"--hosts {','.join(host.name for host in hosts)}", file=sys.stderr)
+        return interrupt.exit_code
+    return status
 
 
 def comma_list(text: str) -> list[str]:
@@ -188,9 +253,17 @@ def command_scaling(args: argparse.Namespace) -> int:
     job = resolve_job(args.job, args.overrides)
     rows = parse_rows(args.sizes) if args.sizes is not None else None
     ratios = parse_ratios(args.ratios) if args.ratios is not None else None
+    hosts = nodes = None
+    if args.hosts:
+        from shoal.cluster.remote import parse_hosts
+
+        hosts = parse_hosts(args.hosts.split(","), "--hosts")
+        nodes = parse_workers(args.nodes, "--nodes") if args.nodes else None
+    elif args.nodes:
+        raise ShoalError("--nodes: only with --hosts (the machines to run on)")
     try:
         run_study(job, args.out, rows=rows, ratios=ratios, workers=parse_workers(args.workers), trials=args.trials,
-                  seed=args.seed, progress=not args.no_progress)
+                  seed=args.seed, progress=not args.no_progress, hosts=hosts, nodes=nodes)
     except Interrupted as interrupt:
         print(f"shoal: {interrupt}; the finished trials are in {args.out}/trials.csv: run the same command "
               "to go on", file=sys.stderr)
@@ -212,7 +285,9 @@ def parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train a job on N local workers (or one node of a cluster)")
     train.add_argument("job", nargs="?", type=Path, help="the job file (TOML); with --resume, the run's own")
-    train.add_argument("--workers", type=int, help="worker processes on this machine (cluster.workers)")
+    train.add_argument("--workers", metavar="N|auto",
+                       help="worker processes on this machine (cluster.workers); auto: as many as its cores "
+                            "and memory hold")
     train.add_argument("--run-dir", type=Path, help="where the job writes (default runs/<job>-<date>-<time>)")
     train.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its newest checkpoint")
     train.add_argument("--max-restarts", type=int, default=0,
@@ -228,6 +303,11 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--rdzv-id", help="a job id shared by all machines (default: shoal)")
     cluster.add_argument("--interface", metavar="NAME",
                          help="network interface the workers talk on (default: the one that reaches the endpoint)")
+    hosts = train.add_argument_group("one terminal for every machine (each reached by cluster.remote, ssh {host})")
+    hosts.add_argument("--hosts", metavar="HOST[:N],...", help="start a node on each host (N workers; the first "
+                       "host is where they meet), e.g. node1:4,node2:4")
+    hosts.add_argument("--hostfile", type=Path, help="the hosts, one per line: HOST, HOST:N or HOST slots=N")
+    hosts.add_argument("--stop-when-input-closes", action="store_true", help=argparse.SUPPRESS)
     train.set_defaults(handler=command_train)
 
     data = commands.add_parser("data", help="datasets: import, synthesize, describe, split, sample")
@@ -314,7 +394,12 @@ def parser() -> argparse.ArgumentParser:
                        "like 2240,22400,2.2M")
     sizes.add_argument("--ratios", metavar="1:R[,1:R...]", help="under-sample data.train to these "
                        "minority:majority ratios, like 1:1,1:5,1:2000")
-    scaling.add_argument("--workers", required=True, metavar="N[,N...]", help="worker counts, like 1,2,4,8")
+    scaling.add_argument("--workers", required=True, metavar="N[,N...]", help="worker counts, like 1,2,4,8 "
+                         "(per host with --hosts)")
+    scaling.add_argument("--hosts", metavar="HOST[,HOST...]", help="run each trial on the first N of these machines "
+                         "(reached by cluster.remote, ssh {host}; the study folder shared by all)")
+    scaling.add_argument("--nodes", metavar="N[,N...]", help="with --hosts: the host counts to study (default 1 "
+                         "to all of them)")
     scaling.add_argument("--trials", type=int, default=20, help="trials per size and worker count (default 20)")
     scaling.add_argument("--out", type=Path, required=True, help="the study folder; rerun to resume or extend")
     scaling.add_argument("--seed", type=int, default=0, help="draws the datasets and the order of the trials")

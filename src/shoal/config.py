@@ -26,6 +26,8 @@ from shoal.errors import ConfigError
 PROGRESS_MODES = ("auto", "bar", "lines", "none")
 DEVICES = ("auto", "cpu", "cuda")
 LOSSES = ("cross_entropy", "binary_cross_entropy", "mse")
+DEFAULT_PORT = 29400
+"""Where the machines meet on the first one, unless told (torchrun's default too)."""
 
 
 @dataclass
@@ -131,11 +133,27 @@ class ClusterConfig:
     """Split the training workers into this many groups (hierarchical algorithms): Downpour
     gives each group a sub-master; averaging and EASGD average within a group every
     `group_period` steps and across groups every `period`."""
+    hosts: list[str] | None = None
+    """The machines `shoal train` starts from one terminal, "name" or "name:workers" (as --hosts)."""
+    remote: str = "ssh {host}"
+    """How to run a command on one of `hosts`: the command line is added as one last argument."""
+    port: int = DEFAULT_PORT
+    """The port on the first host where the machines meet (with `hosts`)."""
+    memory_per_worker: int | str | None = None
+    """Memory one worker takes (bytes, or "2GiB"), for `--workers auto`; default: torch's own
+    footprint plus the worker's share of the training set."""
 
     def __post_init__(self) -> None:
         _at_least("cluster.workers", self.workers, 1)
         _at_least("cluster.threads", self.threads, 0)
         _at_least("cluster.groups", self.groups, 1)
+        _at_least("cluster.port", self.port, 1)
+        if self.port > 65535:
+            raise ConfigError(f"cluster.port: must be a TCP port (1 to 65535), got {self.port}")
+        if "{host}" not in self.remote:
+            raise ConfigError(f"cluster.remote: must name the host as {{host}}, got {self.remote!r}")
+        if self.memory_per_worker is not None:
+            parse_size("cluster.memory_per_worker", self.memory_per_worker)
         if self.device not in DEVICES:
             raise ConfigError(f"cluster.device: must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if not (math.isfinite(self.timeout) and self.timeout > 0):

@@ -14,6 +14,15 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "remote process exited", "Broken pipe",
+             "communicator was aborted", "NCCL communicator", "DistBackendError", "timed out", "waited for it")
+
+
+def lost_peer(message: str) -> bool:
+    """A worker's error that only says another worker went away or went quiet: a consequence, not the cause."""
+    return any(text.lower() in message.lower() for text in LOST_PEER)
+
+
 class ShoalError(Exception):
     """A problem with the user's input, described in one line that names the culprit."""
 

@@ -17,11 +17,15 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import choose_device, get_dist_info, init_process_group, threads_per_worker
+from shoal.cluster.environments import Slurm
 from shoal.cluster.orphan import end_with_parent
-from shoal.errors import EXIT_USAGE, ShoalError
+from shoal.cluster.requeue import EXIT_REQUEUED, EpochEndStop, StopRequested, requeue
+from shoal.errors import EXIT_USAGE, ShoalError, first_line
+from shoal.events import JobEnd, append_event
 from shoal.jobs import load_job
 from shoal.process import end_process
 from shoal.train.directory import new_run_dir, write_job_file
+from shoal.train.exits import outside_recorder
 from shoal.train.runner import run_worker
 
 
@@ -39,18 +43,52 @@ def run(argv: list[str] | None = None) -> dict:
     threads = args.threads or threads_per_worker(job.cluster.threads, info.local_world_size)
     torch.set_num_threads(threads)
     device = choose_device(job.cluster.device, info)
-    init_process_group(info, device, job.cluster.timeout)
+    info = init_process_group(info, device, job.cluster.timeout)
+    recorder = outside_recorder(info)  # under torchrun, srun or mpirun the workers record failures themselves
+    stop = slurm_warning(info, fixed_run_dir=bool(args.run_dir or job.output.run_dir))
     try:
         run_dir = Path(args.run_dir) if args.run_dir else (new_run_dir(job, None) if info.rank == 0 else None)
         run_dir = Path(Communicator(info.rank, info.world_size, device=device).broadcast_object(str(run_dir)))
         if info.rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
             write_job_file(run_dir, job, replace=False)
-        # restarted by torchrun's own agent: continue from the newest checkpoint, not from epoch 0
-        return run_worker(job, info, run_dir, threads, resume=args.resume or info.restarts > 0)
+        if recorder is not None:
+            recorder.started(run_dir)
+        # restarted by torchrun's own agent, or requeued by SLURM: continue from the newest checkpoint
+        resume = args.resume or info.restarts > 0 or info.requeued > 0
+        return run_worker(job, info, run_dir, threads, resume=resume, stop=stop)
+    except StopRequested as stopped:
+        stop_for_requeue(info, run_dir, recorder, stopped)
+        raise
+    except Exception as error:
+        if recorder is not None:
+            recorder.failed(first_line(error))
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def slurm_warning(info, fixed_run_dir: bool) -> EpochEndStop | None:
+    """Under srun: SLURM's warning before the time limit (SIGUSR1) ends the job at an epoch's end."""
+    if info.launcher != Slurm.name:
+        return None
+    if info.rank == 0 and not fixed_run_dir:
+        print("shoal worker 0: warning: no --run-dir: a requeued job would start a new run, not continue this one",
+              file=sys.stderr, flush=True)
+    return EpochEndStop().install()
+
+
+def stop_for_requeue(info, run_dir: Path, recorder, stopped: StopRequested) -> None:
+    """Every rank stopped at the same epoch's end: record it, then ask SLURM to requeue the job."""
+    if recorder is not None:  # the requeue's SIGTERM must not read as a failure
+        recorder.leave_quietly(EXIT_REQUEUED)
+    if info.rank == 0:
+        append_event(run_dir, JobEnd(status="interrupted", message=str(stopped)))
+    if dist.is_initialized():
+        dist.barrier()  # every rank stays until the stop is recorded (srun may end a step at the first exit)
+    if info.rank == 0:
+        print(f"shoal: {stopped}; {requeue(os.environ.get('SLURM_JOB_ID'))}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         handler.record_exception(error)
         print(f"shoal worker {os.environ.get('RANK', '0')}: error: {error}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    except StopRequested:
+        return EXIT_REQUEUED
     except KeyboardInterrupt:
         return 130
     except Exception as error:

@@ -10,6 +10,7 @@ Everything it creates (namespaces, the bridge, the hosts' processes, its folders
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -79,6 +80,7 @@ class EmulatedCluster:
         _ip("-n", switch, "link", "set", "br0", "up")
         for host in range(self.hosts):
             self._add_host(host, switch)
+        self._write_enter()
 
     def _add_host(self, host: int, switch: str) -> None:
         namespace, outside, inside = self.namespace(host), f"{self.prefix}v{host}", f"{self.prefix}e{host}"
@@ -96,7 +98,9 @@ class EmulatedCluster:
         # `ip netns exec` bind-mounts /etc/netns/NAME/hosts over /etc/hosts: the hostname maps to loopback
         hosts_file = Path("/etc/netns") / namespace / "hosts"
         hosts_file.parent.mkdir(parents=True, exist_ok=True)
-        hosts_file.write_text(f"127.0.0.1 localhost\n127.0.1.1 {self.hostname(host)}\n")
+        others = "".join(f"{self.address(other)} {self.hostname(other)}\n" for other in range(self.hosts)
+                         if other != host)  # the others by name, as a site's DNS would tell
+        hosts_file.write_text(f"127.0.0.1 localhost\n127.0.1.1 {self.hostname(host)}\n{others}")
         self.private(host).mkdir()
 
     def command(self, host: int, command: list[str]) -> list[str]:
@@ -105,6 +109,20 @@ class EmulatedCluster:
                  f'exec taskset -c {self.cores[host]} "$@"')
         return ["ip", "netns", "exec", self.namespace(host), "unshare", "--uts", "--mount", "--propagation",
                 "private", "--", "sh", "-c", setup, "sh", *command]
+
+    @property
+    def enter(self) -> Path:
+        """A script that runs a command line on a host as ssh would: `enter HOST 'COMMAND LINE'` (HOST its
+        name or address; the words after it joined by spaces and read by sh). Launchers that reach other
+        machines through ssh (mpirun, mpiexec, shoal's --hosts) take it in ssh's place."""
+        return self.folder / "enter"
+
+    def _write_enter(self) -> None:
+        cases = "".join(f"  {self.hostname(host)}|{self.address(host)}) exec {shlex.join(self.command(host, ['sh']))}"
+                        f' -c "$*" ;;\n' for host in range(self.hosts))
+        self.enter.write_text(f'#!/bin/sh\nhost=$1\nshift\ncase "$host" in\n{cases}'
+                              f'  *) echo "ssh: Could not resolve hostname $host" >&2; exit 255 ;;\nesac\n')
+        self.enter.chmod(0o755)
 
     def start(self, host: int, command: list[str], env: dict | None = None, log: Path | None = None,
               **options) -> subprocess.Popen:

@@ -1,11 +1,13 @@
 """Failures across two hosts of the emulated cluster: a killed worker restarts every node from the
 checkpoint (with a shared run folder or each host's own), a cut link fails both launchers in time
-naming the host, and signals or a killed launcher leave nothing running on either host."""
+naming the host, signals or a killed launcher leave nothing running on either host, and under
+torchrun's own restarts the workers record the failure themselves."""
 
 from __future__ import annotations
 
 import json
 import signal
+import sys
 import time
 
 import pytest
@@ -13,7 +15,8 @@ import torch
 
 from shoal.events import read_events
 from shoal.train.artifacts import load_model
-from tests.cluster.jobs import log_of, start_on_two_hosts, train_on_one_host, write_sabotaged_job
+from shoal.train.exits import WITHOUT_A_WORD
+from tests.cluster.jobs import PORT, log_of, start_on_two_hosts, train_on_one_host, write_sabotaged_job
 
 TIMEOUT = 10  # cluster.timeout of the jobs that wait on a lost host
 
@@ -130,3 +133,29 @@ def test_sigterm_in_the_restart_rendezvous_stops_both_hosts(two_hosts, project_e
         assert [event["status"] for event in end] == ["interrupted"], json.dumps(end)
     finally:
         two_hosts.stop_processes()
+
+
+def test_torchrun_on_two_hosts_restarts_a_killed_worker_and_records_it(two_hosts, project_env, reference):
+    """The README's torchrun line on each host: c10d rendezvous, no --node-rank, no MASTER_* set by hand."""
+    marker = two_hosts.shared / "killed-torchrun"
+    job = write_sabotaged_job(two_hosts.shared, "kill-torchrun", action="kill", at=30, marker=marker)
+    run_dir = two_hosts.shared / "run-torchrun"
+    launchers = []
+    for host in range(2):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                   "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{two_hosts.address(0)}:{PORT}", "--rdzv-id", "kill",
+                   "--max-restarts", "1", "--log-dir", "/tmp/torchrun-logs",  # the host's own /tmp
+                   "--local-addr", two_hosts.address(host), *(["--rdzv-conf", "is_host=1"] if host == 0 else []),
+                   "-m", "shoal.worker", job, "--run-dir", str(run_dir)]
+        launchers.append(two_hosts.start(host, command, env=project_env,
+                                         log=two_hosts.shared / f"{run_dir.name}-host{host}.log"))
+    logs = finish(two_hosts, launchers, run_dir)
+    assert [launcher.returncode for launcher in launchers] == [0, 0], "\n".join(log[-2000:] for log in logs)
+    assert marker.exists()
+    failed = [event for event in read_events(run_dir) if event["event"] == "worker_failed"]
+    assert [(event["rank"], event["message"]) for event in failed] == [(1, WITHOUT_A_WORD)], failed
+    assert failed[0]["host"] in ("host0", "host1")
+    kinds = [event["event"] for event in read_events(run_dir)]
+    assert kinds.count("job_restarted") == 1 and kinds[-1] == "job_end"
+    assert [event for event in read_events(run_dir) if event["event"] == "job_end"][-1]["status"] == "completed"
+    assert_weights(run_dir, reference)

@@ -1,16 +1,18 @@
 """Two hosts on the emulated cluster, started the README's way with no GLOO/NCCL variables set,
 whose hostnames resolve to loopback: every algorithm trains, and sync and averaging end with
-exactly the weights of the same job (same world size) on one host."""
+exactly the weights of the same job (same world size) on one host, started by shoal or by Open MPI."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import pytest
 import torch
 
+from shoal.events import read_events
 from shoal.train.artifacts import load_model
-from tests.cluster.jobs import train_on_one_host, train_on_two_hosts, write_job
+from tests.cluster.jobs import JOB_SECONDS, train_on_one_host, train_on_two_hosts, write_job
 
 
 def test_a_host_reaches_the_other_through_its_own_interface(two_hosts, project_env):
@@ -38,3 +40,24 @@ def test_server_algorithms_train_across_two_hosts(two_hosts, project_env, algori
     run_dir = two_hosts.shared / f"run-{algorithm}"
     train_on_two_hosts(two_hosts, job, run_dir, project_env, *options, node_ranks=node_ranks)
     assert (run_dir / "model.pt").is_file()
+
+
+def test_open_mpi_across_two_hosts(two_hosts, project_env, tmp_path):
+    """mpirun on host 0 reaches host 1 through the cluster's ssh stand-in; mpi4py tells rank 0's address."""
+    mpirun = shutil.which("mpirun.openmpi")
+    if mpirun is None:
+        pytest.skip("`mpirun.openmpi` is not installed (make test installs it when run as root)")
+    job = write_job(two_hosts.shared, "sync")
+    run_dir = two_hosts.shared / "run-mpi"
+    command = [mpirun, "--allow-run-as-root", "-n", "2", "--host", "host0,host1", "--mca", "plm_rsh_agent",
+               str(two_hosts.enter), "--mca", "btl", "tcp,self", sys.executable, "-m", "shoal.worker", job,
+               "--run-dir", str(run_dir)]
+    log = two_hosts.shared / "mpirun.log"
+    finished = two_hosts.start(0, command, env=project_env, log=log).wait(timeout=JOB_SECONDS)
+    assert finished == 0, log.read_text()[-3000:]
+    train_on_one_host(job, tmp_path / "one", project_env)
+    for (name, tensor), other in zip(load_model(run_dir).state_dict().items(),
+                                     load_model(tmp_path / "one").state_dict().values()):
+        assert torch.equal(tensor, other), name
+    start = next(event for event in read_events(run_dir) if event["event"] == "job_start")
+    assert start["hosts"] == ["host0", "host1"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,8 @@ import torch
 
 from shoal.events import read_events
 from shoal.train.checkpoint import find_latest
+from shoal.train.exits import WITHOUT_A_WORD
+from tests.distributed.harness import free_port
 from tests.e2e.jobs import write_job as write_task_job
 from tests.e2e.jobs import write_task
 
@@ -109,6 +112,11 @@ def test_a_worker_restarted_by_torchruns_own_agent_continues_from_the_checkpoint
     assert (tmp_path / "fired").exists()
     assert [event["from_epoch"] for event in events(run_dir, "job_resumed")] == [1]
     assert_same_weights(run_dir, uninterrupted[1])
+    # torchrun's agent restarts the workers, so the workers record the failure themselves
+    failed = events(run_dir, "worker_failed")
+    assert [(event["rank"], event["message"]) for event in failed] == [(1, WITHOUT_A_WORD)], failed
+    assert [event["restart"] for event in events(run_dir, "job_restarted")] == [1]
+    assert events(run_dir, "job_end")[-1]["status"] == "completed"
 
 
 def test_killed_worker_with_sync_matches_too(task, tmp_path, project_env):
@@ -240,3 +248,44 @@ def test_resuming_with_another_worker_count_is_refused(uninterrupted, tmp_path, 
     assert finished.returncode == 2
     assert finished.stderr.strip().endswith("resume with the same count (--workers 2 per machine for a one-machine "
                                             "job), not 1")
+
+
+def slurm_task(rank: int, job: Path, run_dir: Path, env: dict, port: int, requeued: int = 0) -> subprocess.Popen:
+    """One task of a 2-task job step on this machine, with the variables srun sets (no MASTER_ADDR: derived)."""
+    variables = {**env, "SLURM_JOB_ID": "4242", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank),
+                 "SLURM_NODEID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "2",
+                 "SLURM_JOB_NODELIST": "localhost", "MASTER_PORT": str(port), "SLURM_RESTART_COUNT": str(requeued),
+                 "PATH": os.path.dirname(sys.executable)}  # no scontrol: job 4242 is nobody's to requeue
+    return subprocess.Popen([sys.executable, "-m", "shoal.worker", str(job), "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=variables)
+
+
+def test_slurms_warning_stops_at_an_epochs_end_and_the_requeued_job_continues(task, uninterrupted, tmp_path,
+                                                                              project_env):
+    job = write_job(tmp_path / "job.toml", task, delay=0.05)  # about 2.5 s per epoch
+    run_dir = tmp_path / "run"
+    port = free_port()
+    tasks = [slurm_task(rank, job, run_dir, project_env, port) for rank in range(2)]
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not events(run_dir, "epoch_end"):
+            assert all(task.poll() is None for task in tasks) and time.monotonic() < deadline
+            time.sleep(0.05)
+        for task in tasks:  # as `sbatch --signal=USR1@120` does before the time limit
+            task.send_signal(signal.SIGUSR1)
+        outputs = [task.communicate(timeout=30) for task in tasks]
+    finally:
+        for task in tasks:
+            task.kill()
+    assert [task.returncode for task in tasks] == [75, 75], outputs[0][1][-2000:]
+    end = events(run_dir, "job_end")
+    assert [event["status"] for event in end] == ["interrupted"] and "requeue" in end[0]["message"]
+    stopped_at = len(events(run_dir, "epoch_end"))
+    assert stopped_at < EPOCHS and find_latest(run_dir, 2).epoch == stopped_at  # the checkpoint of that epoch
+
+    port = free_port()
+    tasks = [slurm_task(rank, job, run_dir, project_env, port, requeued=1) for rank in range(2)]
+    outputs = [task.communicate(timeout=TIMEOUT) for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], outputs[0][1][-2000:]
+    assert [event["from_epoch"] for event in events(run_dir, "job_resumed")] == [stopped_at]
+    assert_same_weights(run_dir, uninterrupted[1])

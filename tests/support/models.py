@@ -7,6 +7,8 @@ import time
 import torch
 from torch import nn
 
+from shoal.cluster.env import get_dist_info
+
 
 def failing_on_rank_one(features: int = 20):
     """A small model that raises on the worker of rank 1 (the launcher's check runs without RANK)."""
@@ -36,7 +38,7 @@ class Saboteur(nn.Module):
         self.count += 1
         if self.delay:
             time.sleep(self.delay)
-        fire = (self.action != "none" and self.count == self.at and os.environ.get("RANK") == str(self.rank)
+        fire = (self.action != "none" and self.count == self.at and get_dist_info().rank == self.rank
                 and not (self.marker and os.path.exists(self.marker)))
         if fire:
             if self.marker:

@@ -59,6 +59,8 @@ class Analysis:
     cores: int
     oversubscribed: list[int]
     """Worker counts whose workers x threads exceed the cores."""
+    hosts: str = ""
+    """The machines of a study across machines (the widest trial's), else ""."""
 
 
 def analyze(rows: list[dict], measure: str = "train_seconds", alpha: float = 0.05) -> Analysis:
@@ -86,7 +88,9 @@ def analyze(rows: list[dict], measure: str = "train_seconds", alpha: float = 0.0
     by_rows = {size.rows: size.comparisons for size in sizes}
     cores = min(row["cores"] for row in rows)
     oversubscribed = sorted({row["workers"] for row in rows if row["workers"] * row["threads"] > row["cores"]})
-    return Analysis(measure, alpha, sizes, workers, thresholds(by_rows, workers), cores, oversubscribed)
+    hosts = max((row.get("hosts") or "" for row in rows), key=lambda names: len(names.split()))
+    return Analysis(measure, alpha, sizes, workers, thresholds(by_rows, workers), cores, oversubscribed,
+                    hosts.replace(" ", ", "))
 
 
 def _mean(values) -> float | None:

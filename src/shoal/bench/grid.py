@@ -33,8 +33,8 @@ class Size:
     """The dataset folder the trials of this size train on."""
 
 
-def parse_workers(text: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4] (sorted, without repeats); errors name --workers."""
+def parse_workers(text: str, option: str = "--workers") -> list[int]:
+    """'1,2,4' -> [1, 2, 4] (sorted, without repeats); errors name the option."""
     counts = set()
     for item in text.split(","):
         try:
@@ -42,7 +42,7 @@ def parse_workers(text: str) -> list[int]:
         except ValueError:
             count = 0
         if count < 1:
-            raise ConfigError(f"--workers {text!r}: expected worker counts >= 1 separated by commas, like 1,2,4")
+            raise ConfigError(f"{option} {text!r}: expected counts >= 1 separated by commas, like 1,2,4")
         counts.add(count)
     return sorted(counts)
 

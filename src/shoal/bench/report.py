@@ -86,6 +86,8 @@ def markdown(analysis: Analysis, study: dict, images: list[tuple[str, str]]) -> 
         f"(seed {study['seed']}).",
         f"- Measure: {measure} (`{analysis.measure}` in trials.csv); significance level {analysis.alpha}.",
     ]
+    if analysis.hosts:
+        lines.append(f"- Across machines: {analysis.hosts} (a cell's worker count is its hosts x workers per host).")
     if analysis.oversubscribed:
         lines.append(f"- **Warning**: {', '.join(map(str, analysis.oversubscribed))} workers exceed the "
                      f"{analysis.cores} cores: those workers share cores, so their times include contention.")

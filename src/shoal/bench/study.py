@@ -8,6 +8,11 @@ scratch, so an interrupted study resumes where it stopped; it may also add sizes
 or trials to the grid. Trials run in rounds (every size and worker count once per round, the
 worker counts in a seeded random order) so that a slow drift of the machine spreads over all
 cells instead of biasing the last ones.
+
+With hosts (`--hosts`), each trial runs on the first N of them (`--nodes`), started from here
+as `shoal train --hosts` does (shoal.cluster.remote); `workers` is then the workers per host, a
+trial's `workers` column the job's total, and its `nodes` and `hosts` columns say where it ran.
+The study folder, the job's data and shoal must then be at the same paths on every host.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import json
 import os
 import random
 import shutil
+import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -37,28 +44,60 @@ COLUMNS = [
     "size", "rows", "workers", "trial", "threads", "cores", "train_seconds", "job_seconds", "load_seconds",
     "wall_seconds", "compute_seconds", "communication_seconds", "data_seconds", "evaluation_seconds", "epochs",
     "samples_per_second", "train_loss", "test_loss", "test_accuracy", "test_auc", "run_dir", "finished",
+    "nodes", "hosts",
 ]
+OPTIONAL = {"nodes", "hosts"}  # absent from studies made before studies across machines
 """train_seconds: the epochs' training time (sum of epoch_end seconds: no loading, evaluation or
 checkpoints); job_seconds: the job after loading; wall_seconds: the whole trial, process start
 included; the four split columns are the per-epoch means over workers, summed over epochs."""
-NUMBERS = {"rows": int, "workers": int, "trial": int, "threads": int, "cores": int, "epochs": int}
+NUMBERS = {"rows": int, "workers": int, "trial": int, "threads": int, "cores": int, "epochs": int, "nodes": int}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one cell runs: `nodes` hosts with `per_node` workers each (one local node without hosts)."""
+
+    nodes: int
+    per_node: int
+
+    @property
+    def workers(self) -> int:
+        return self.nodes * self.per_node
 
 
 @dataclass
 class Grid:
     sizes: list[Size]
-    workers: list[int]
+    placements: list[Placement]
     trials: int
+
+
+def placements(workers: list[int], nodes: list[int] | None, hosts: list | None) -> list[Placement]:
+    """The grid's placements; totals must differ, since the statistics compare worker totals."""
+    if not hosts:
+        return [Placement(1, count) for count in workers]
+    counts = nodes or list(range(1, len(hosts) + 1))
+    if max(counts) > len(hosts):
+        raise ConfigError(f"--nodes: {max(counts)} nodes asked for, but --hosts names {len(hosts)}")
+    grid = [Placement(count, per_node) for count in counts for per_node in workers]
+    totals = [placement.workers for placement in grid]
+    for placement in grid:
+        if totals.count(placement.workers) > 1:
+            raise ConfigError(f"--nodes x --workers: {placement.workers} workers in total comes from more than one "
+                              "cell; the statistics compare totals, so give one worker count per host")
+    return sorted(grid, key=lambda placement: placement.workers)
 
 
 def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
               ratios: list[tuple[str, Fraction]] | None = None, workers: list[int], trials: int, seed: int = 0,
-              progress: bool = True) -> list[dict]:
-    """Run every trial of the grid not yet in out/trials.csv; return all rows of the CSV."""
+              progress: bool = True, hosts: list | None = None, nodes: list[int] | None = None) -> list[dict]:
+    """Run every trial of the grid not yet in out/trials.csv; return all rows of the CSV. With `hosts`
+    (shoal.cluster.remote.Host), `workers` are per host and each trial runs on the first of `nodes` hosts."""
     from shoal.train.prepare import check_world_size
 
     if trials < 1:
         raise ConfigError(f"--trials: must be at least 1, got {trials}")
+    grid_places = placements(workers, nodes, hosts)
     train = open_dataset(job.data.train)
     created = not out.exists()
     try:
@@ -67,11 +106,11 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
         sizes = derive_sizes(train, out / "data", rows=rows, ratios=ratios, seed=seed)
         for size in sizes:  # refuse a cell that cannot run before the first trial starts
             dataset = open_dataset(size.path)
-            for count in workers:
+            for place in grid_places:
                 try:
-                    check_world_size(job, count, dataset)
+                    check_world_size(job, place.workers, dataset)
                 except ConfigError as error:
-                    raise ConfigError(f"size {size.label} ({size.rows:,} rows) with {count} workers: "
+                    raise ConfigError(f"size {size.label} ({size.rows:,} rows) with {place.workers} workers: "
                                       f"{error}") from None
     except ShoalError:
         if created:  # a study that never started leaves no folder behind
@@ -83,13 +122,18 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
               "so those times include contention", file=sys.stderr)
     done = read_trials(out)
     finished = {(row["size"], row["workers"], row["trial"]) for row in done}
-    pending = [(trial, size, count) for trial, size, count in _order(Grid(sizes, workers, trials), seed)
-               if (size.label, count, trial) not in finished]
-    bar = _bar(len(pending), len(finished & _cells(sizes, workers, trials)), progress)
+    pending = [(trial, size, place) for trial, size, place in _order(Grid(sizes, grid_places, trials), seed)
+               if (size.label, place.workers, trial) not in finished]
+    totals = [place.workers for place in grid_places]
+    bar = _bar(len(pending), len(finished & _cells(sizes, totals, trials)), progress)
     try:
-        for trial, size, count in pending:
-            bar.set_postfix_str(f"size {size.label}, {count} workers, trial {trial}")
-            done.append(run_trial(job, out, size, count, trial, available))
+        for trial, size, place in pending:
+            where = f" on {place.nodes} host(s)" if hosts else ""
+            bar.set_postfix_str(f"size {size.label}, {place.workers} workers{where}, trial {trial}")
+            if hosts:
+                done.append(run_trial_on_hosts(job, out, size, place, trial, hosts[:place.nodes]))
+            else:
+                done.append(run_trial(job, out, size, place.workers, trial, available))
             write_trials(out, done)
             bar.update()
     finally:
@@ -97,16 +141,24 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
     return done
 
 
-def run_trial(job: JobConfig, out: Path, size: Size, workers: int, trial: int, available: int) -> dict:
-    """One fresh job; its row for the CSV. A run directory left by an interrupted trial is removed first."""
-    from shoal.api import resolve_job, start
-    from shoal.events import SPLIT_PARTS, DataLoaded, read_history
-
+def trial_dir(out: Path, size: Size, workers: int, trial: int) -> Path:
+    """A trial's run directory; one left by an interrupted trial is removed first."""
     run_dir = out / "runs" / size.label.replace(":", "-") / f"w{workers}-t{trial}"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    config = resolve_job(job, [f"data.train={json.dumps(size.path)}", f"train.seed={job.train.seed + trial - 1}",
-                               "output.progress='none'"], workers)
+    return run_dir
+
+
+def trial_overrides(job: JobConfig, size: Size, trial: int) -> list[str]:
+    return [f"data.train={json.dumps(size.path)}", f"train.seed={job.train.seed + trial - 1}", "output.progress='none'"]
+
+
+def run_trial(job: JobConfig, out: Path, size: Size, workers: int, trial: int, available: int) -> dict:
+    """One fresh job on this machine; its row for the CSV."""
+    from shoal.api import resolve_job, start
+
+    run_dir = trial_dir(out, size, workers, trial)
+    config = resolve_job(job, trial_overrides(job, size, trial), workers)
     began = time.perf_counter()
     try:
         start(config, run_dir)
@@ -116,21 +168,61 @@ def run_trial(job: JobConfig, out: Path, size: Size, workers: int, trial: int, a
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted trial leaves nothing to mistake for one
         raise
-    wall = time.perf_counter() - began
+    threads = threads_per_worker(config.cluster.threads, workers)
+    return trial_row(out, run_dir, size, workers, trial, threads, available, time.perf_counter() - began)
+
+
+def run_trial_on_hosts(job: JobConfig, out: Path, size: Size, place: Placement, trial: int, hosts: list) -> dict:
+    """One fresh job on `hosts`, started from here as `shoal train --hosts` does; its row for the CSV."""
+    from shoal.cluster.signals import Interrupted, interruptible
+    from shoal.events import read_history
+    from shoal.train.directory import write_job_file
+
+    run_dir = trial_dir(out, size, place.workers, trial)
+    job_file = write_job_file(out, job)  # the study's job, for the hosts to read
+    command = [sys.executable, "-m", "shoal", "train", str(job_file.resolve()), "--run-dir", str(run_dir.resolve()),
+               "--hosts", ",".join(f"{host.name}:{place.per_node}" for host in hosts)]
+    for override in trial_overrides(job, size, trial):
+        command += ["--set", override]
+    began = time.perf_counter()
+    with interruptible():
+        head = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            _, errors = head.communicate()
+        except Interrupted:
+            head.send_signal(signal.SIGINT)  # the head stops every host
+            head.wait()
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+    if head.returncode != 0:
+        last = (errors.strip().splitlines() or ["no output"])[-1]
+        raise WorkerError(f"size {size.label}, {place.workers} workers on {place.nodes} host(s), trial {trial} "
+                          f"(run directory {run_dir}): {last}")
+    threads = read_history(run_dir).start.threads  # as the hosts chose them
+    row = trial_row(out, run_dir, size, place.workers, trial, threads, cores() * place.nodes,
+                    time.perf_counter() - began)
+    return row | {"nodes": place.nodes, "hosts": " ".join(host.name for host in hosts)}
+
+
+def trial_row(out: Path, run_dir: Path, size: Size, workers: int, trial: int, threads: int, available: int,
+              wall: float) -> dict:
+    """A finished trial's row, from its events."""
+    from shoal.events import SPLIT_PARTS, DataLoaded, read_history
+
     history = read_history(run_dir)
     epochs, loaded, end = history.epochs, history.last(DataLoaded), history.end
     split = {part: sum(epoch.seconds_split.parts()[part] for epoch in epochs) for part in SPLIT_PARTS}
     train_seconds = sum(epoch.seconds for epoch in epochs)
     test = end.test or {}
     return {
-        "size": size.label, "rows": size.rows, "workers": workers, "trial": trial,
-        "threads": threads_per_worker(config.cluster.threads, workers), "cores": available,
-        "train_seconds": train_seconds, "job_seconds": end.seconds, "load_seconds": loaded.seconds,
-        "wall_seconds": wall, **{f"{part}_seconds": seconds for part, seconds in split.items()},
+        "size": size.label, "rows": size.rows, "workers": workers, "trial": trial, "threads": threads,
+        "cores": available, "train_seconds": train_seconds, "job_seconds": end.seconds,
+        "load_seconds": loaded.seconds, "wall_seconds": wall,
+        **{f"{part}_seconds": seconds for part, seconds in split.items()},
         "epochs": len(epochs), "samples_per_second": sum(epoch.samples for epoch in epochs) / train_seconds,
         "train_loss": epochs[-1].train_loss, "test_loss": test.get("loss"), "test_accuracy": test.get("accuracy"),
         "test_auc": test.get("auc"), "run_dir": os.path.relpath(run_dir, out),
-        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+        "finished": datetime.now(UTC).isoformat(timespec="seconds"), "nodes": 1, "hosts": "",
     }
 
 
@@ -142,12 +234,12 @@ def read_trials(out: Path) -> list[dict]:
     rows = []
     with open(path, newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
-        missing = set(COLUMNS) - set(reader.fieldnames or [])
+        missing = set(COLUMNS) - set(reader.fieldnames or []) - OPTIONAL
         if missing:
             raise ConfigError(f"{path}: not a shoal study's trials (no column {sorted(missing)[0]!r})")
         for line, row in enumerate(reader, start=2):
             try:
-                rows.append({key: _number(key, value) for key, value in row.items()})
+                rows.append({"nodes": 1, "hosts": ""} | {key: _number(key, value) for key, value in row.items()})
             except ValueError:
                 raise ConfigError(f"{path}:{line}: not a number where one belongs") from None
     return rows
@@ -168,21 +260,21 @@ def write_trials(out: Path, rows: list[dict]) -> None:
 
 
 def _number(key: str, value: str):
-    if key in ("size", "run_dir", "finished"):
+    if key in ("size", "run_dir", "finished", "hosts"):
         return value
     if value == "":
-        return None
+        return 1 if key == "nodes" else None
     return NUMBERS.get(key, float)(value)
 
 
-def _order(grid: Grid, seed: int) -> list[tuple[int, Size, int]]:
-    """Rounds of trials: every size once per round, its worker counts in a seeded random order."""
+def _order(grid: Grid, seed: int) -> list[tuple[int, Size, Placement]]:
+    """Rounds of trials: every size once per round, its placements in a seeded random order."""
     order = []
     for trial in range(1, grid.trials + 1):
         for size in grid.sizes:
-            counts = list(grid.workers)
-            random.Random(f"{seed}-{trial}-{size.label}").shuffle(counts)
-            order += [(trial, size, count) for count in counts]
+            places = list(grid.placements)
+            random.Random(f"{seed}-{trial}-{size.label}").shuffle(places)
+            order += [(trial, size, place) for place in places]
     return order
 
 
@@ -214,7 +306,8 @@ def _job_identity(job: JobConfig) -> dict:
     """The job as it trains, without what the study sets per trial (workers, data.train, output)."""
     table = job.to_dict()
     table.pop("output", None)
-    table.get("cluster", {}).pop("workers", None)
+    for key in ("workers", "hosts", "remote", "port", "memory_per_worker"):  # where it runs, not what it trains
+        table.get("cluster", {}).pop(key, None)
     table.get("data", {}).pop("train", None)
     return json.loads(json.dumps(table, default=str))
 

@@ -7,6 +7,7 @@ tests without environment variables.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Mapping
@@ -16,8 +17,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from shoal.cluster.environments import detect
+from shoal.cluster.environments import TorchElastic, detect
+from shoal.cluster.environments.mpi import MPI_LAUNCHERS, agree_master
 from shoal.cluster.interface import choose_interface
+from shoal.cluster.orphan import LAUNCHER_VARIABLE
 from shoal.errors import ShoalError
 
 
@@ -37,7 +40,13 @@ class DistInfo:
     gpu_per_process: bool = False
     """The launcher shows each process its own GPU only (SLURM's --gpus-per-task=1)."""
     restarts: int = 0
-    """How many times torchrun's own agent restarted the workers."""
+    """How many times the launcher restarted the job's workers before this attempt (torchrun's agents do)."""
+    max_restarts: int = 0
+    """How many times it restarts them at most (torchrun's --max-restarts)."""
+    requeued: int = 0
+    """How many times the scheduler requeued the job (SLURM_RESTART_COUNT)."""
+    stop_grace: float = 30.0
+    """Seconds the launcher waits between its SIGTERM and its SIGKILL."""
 
 
 def get_dist_info(environ: Mapping[str, str] = os.environ) -> DistInfo:
@@ -49,21 +58,29 @@ def get_dist_info(environ: Mapping[str, str] = os.environ) -> DistInfo:
     return DistInfo(rank=place.rank, world_size=place.world_size, local_rank=place.local_rank,
                     local_world_size=place.local_world_size, launcher=environment.name,
                     master=environment.master(), gpu_per_process=environment.gpu_per_process(),
-                    restarts=environment.restart_count())
+                    max_restarts=environment.max_restarts(), requeued=environment.requeue_count(),
+                    stop_grace=environment.stop_grace())
 
 
-def init_process_group(info: DistInfo, device: torch.device, timeout: float) -> None:
-    """Join the job's process group: NCCL on CUDA, gloo on CPU, rendezvous at rank 0's store."""
-    if info.world_size == 1 or dist.is_initialized():
-        return
-    if info.master is None:
+def init_process_group(info: DistInfo, device: torch.device, timeout: float) -> DistInfo:
+    """Join the job's process group: NCCL on CUDA, gloo on CPU, rendezvous at rank 0's store.
+    Returns `info` with the attempt (`restarts`) every rank agreed on."""
+    if info.world_size == 1 or dist.is_initialized():  # alone: torchrun's own count is the job's
+        return dataclasses.replace(info, restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    one_machine = info.world_size == info.local_world_size
+    master = info.master
+    if master is None and info.launcher in MPI_LAUNCHERS:
+        master = agree_master(info.world_size, one_machine)
+    if master is None:
+        hint = " (or install mpi4py: pip install shoal[mpi])" if info.launcher in MPI_LAUNCHERS else ""
         raise ShoalError(f"MASTER_ADDR and MASTER_PORT must be set for a job started by {info.launcher or 'hand'} "
-                         "(the address and a free port of the machine that runs rank 0)")
-    # torch's env:// and the heartbeats' store connection read them (a SLURM job's are derived)
-    os.environ.setdefault("MASTER_ADDR", info.master[0])
-    os.environ.setdefault("MASTER_PORT", str(info.master[1]))
+                         f"(the address and a free port of the machine that runs rank 0){hint}")
+    # torch's env:// and the heartbeats' store connection read them (a SLURM or MPI job's are derived)
+    os.environ.setdefault("MASTER_ADDR", master[0])
+    os.environ.setdefault("MASTER_PORT", str(master[1]))
     # the interface that reaches the other machines, not the hostname's loopback
-    choose_interface(one_machine=info.world_size == info.local_world_size)
+    choose_interface(one_machine=one_machine)
+    attempt, store = agree_attempt(info, master, timeout)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
         backend,
@@ -71,17 +88,29 @@ def init_process_group(info: DistInfo, device: torch.device, timeout: float) -> 
         world_size=info.world_size,
         timeout=timedelta(seconds=timeout),
         device_id=device if device.type == "cuda" else None,
-        **restarted_store(info, timeout),
+        **store,
     )
+    return dataclasses.replace(info, restarts=attempt)
 
 
-def restarted_store(info: DistInfo, timeout: float) -> dict:
-    """After a restart by torchrun's own agent, a fresh key space in its store: the agent keeps the store
-    across restarts, and the last attempt's keys would send gloo to workers that are gone."""
-    if not info.restarts:
-        return {}
-    client = dist.TCPStore(info.master[0], info.master[1], is_master=False, timeout=timedelta(seconds=timeout))
-    return {"store": dist.PrefixStore(f"shoal/restart-{info.restarts}", client)}
+def agree_attempt(info: DistInfo, master: tuple[str, int], timeout: float) -> tuple[int, dict]:
+    """Under torchrun: which attempt of the job this is, and a fresh key space in its store for it.
+
+    torchrun's agents keep their store across restarts, and the last attempt's keys would send
+    gloo to workers that are gone. Nor do they agree on a count: a machine restarted because
+    another machine's worker failed does not count it. Every rank starts once per attempt, so
+    each counts its own starts in the store, and all arrive at the same number. (Where the
+    workers do not share the agents' store, rank 0 hosts a fresh one and the agent's count is
+    all there is.)"""
+    if info.launcher != TorchElastic.name or LAUNCHER_VARIABLE in os.environ:  # shoal's own: a store per attempt
+        return 0, {}
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return restarts, {}
+    client = dist.TCPStore(master[0], master[1], is_master=False, timeout=timedelta(seconds=timeout))
+    # one machine has one agent, whose count is the job's; across machines the ranks count their starts
+    attempt = restarts if info.world_size == info.local_world_size else client.add(f"shoal/started/{info.rank}", 1) - 1
+    return attempt, ({"store": dist.PrefixStore(f"shoal/attempt-{attempt}", client)} if attempt else {})
 
 
 def choose_device(name: str, info: DistInfo) -> torch.device:

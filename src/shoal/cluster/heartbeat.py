@@ -42,7 +42,7 @@ def verdict(store: dist.Store | None) -> dict | None:
     return json.loads(store.get(SILENT_KEY))
 
 
-def liveness_store(info: DistInfo) -> dist.Store:
+def job_store(info: DistInfo) -> dist.Store:
     """A connection of this worker's own to the job's store; a private one when alone or without one."""
     address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if info.world_size > 1 and address and port:
@@ -52,6 +52,17 @@ def liveness_store(info: DistInfo) -> dist.Store:
         except (RuntimeError, ValueError):  # no store after all: liveness stays local
             pass
     return dist.HashStore()
+
+
+def attempt_store(store: dist.Store, attempt: int) -> dist.Store:
+    """The keys of one attempt: torchrun keeps its store across restarts, and an earlier attempt's
+    beats or verdict must not speak for this one."""
+    return dist.PrefixStore(f"shoal/attempt-{attempt}", store) if attempt else store
+
+
+def liveness_store(info: DistInfo) -> dist.Store:
+    """Where this worker beats and listens: the job's store, in this attempt's keys."""
+    return attempt_store(job_store(info), info.restarts)
 
 
 class Heartbeat:

@@ -27,7 +27,7 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler
 
 from shoal.cluster.orphan import LAUNCHER_VARIABLE
 from shoal.cluster.signals import Interrupted, caller_signal_handlers, handled_signals
-from shoal.errors import EXIT_USAGE, WorkerError
+from shoal.errors import EXIT_USAGE, WorkerError, lost_peer
 from shoal.events import WorkerFailed
 
 SHUTDOWN_SECONDS = 5  # after SIGTERM, how long workers get before SIGKILL
@@ -103,13 +103,6 @@ def stop_workers(number: int = signal.SIGTERM) -> int:
     return count
 
 
-def _lost_peer(message: str) -> bool:
-    """A worker's error that only says another worker went away: a consequence, not the cause."""
-    consequences = ("Connection reset by peer", "Connection closed by peer", "remote process exited",
-                    "communicator was aborted", "NCCL communicator", "DistBackendError")
-    return any(text in message for text in consequences)
-
-
 def _wrote_error(failure) -> bool:
     """Whether the worker recorded an exception (torch's error file); killed ones write none, and
     torch then fills `error_file_data` with a placeholder that is not empty."""
@@ -132,7 +125,7 @@ def describe_failure(error: ChildFailedError) -> WorkerError:
     """
     failures = sorted(error.failures.items(), key=lambda item: item[1].timestamp)
     raised = [(rank, failure) for rank, failure in failures
-              if _wrote_error(failure) and not _lost_peer(str(failure.message))]
+              if _wrote_error(failure) and not lost_peer(str(failure.message))]
     # SIGTERM is what the launcher sends the others once one has failed
     killed = [(rank, failure) for rank, failure in failures if failure.exitcode < 0 and failure.exitcode != -15]
     rank, failure = (raised or killed or failures)[0]
@@ -148,7 +141,7 @@ def describe_failure(error: ChildFailedError) -> WorkerError:
     worker_error = WorkerError(f"worker rank {rank} on {host} failed: {message}")
     worker_error.exit_code = EXIT_USAGE if failure.exitcode == EXIT_USAGE else 1
     # only lost peers and workers the launcher stopped: the cause lies with another node
-    worker_error.consequence = all(_lost_peer(str(failure.message)) or failure.exitcode == -signal.SIGTERM
+    worker_error.consequence = all(lost_peer(str(failure.message)) or failure.exitcode == -signal.SIGTERM
                                    for failure in error.failures.values())
     worker_error.failure = WorkerFailed(rank=rank, host=host, exit_code=failure.exitcode, signal=signal_name,
                                         message=message)

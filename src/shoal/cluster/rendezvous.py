@@ -31,10 +31,10 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousIn
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from shoal.cluster import store as stores
+from shoal.config import DEFAULT_PORT
 from shoal.errors import ConfigError, WorkerError, first_line
 from shoal.events import WorkerFailed
 
-DEFAULT_PORT = 29400
 REPORT_SECONDS = 8.0  # how long the leader waits for every node's account of a failure
 
 

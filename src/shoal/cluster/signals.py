@@ -9,7 +9,10 @@ own handlers back. A signal the caller ignores (SIGHUP under nohup) stays ignore
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import socket
+import threading
 
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # the signals torch's agent handles
 
@@ -60,3 +63,40 @@ def interruptible():
             except ValueError:
                 break
         yield
+
+
+def call_on_stop(callback, names: tuple[str, ...] = ("SIGTERM", "SIGINT")) -> threading.Thread:
+    """Call `callback(signal)` from a thread the moment one of `names` arrives, then end the process
+    with the status it returns (None: 128 + the signal's number). A Python handler runs only when
+    the main thread is back in Python, and a worker waits in C++ collectives for minutes; the
+    wake-up descriptor is written by the C handler at once. A signal the caller ignores stays
+    ignored; other signals with Python handlers keep them."""
+    receiver, sender = socket.socketpair()
+    sender.setblocking(False)
+    signal.set_wakeup_fd(sender.fileno(), warn_on_full_buffer=False)
+    watched = set()
+    for name in names:
+        if signal.getsignal(getattr(signal, name)) is not signal.SIG_IGN:
+            signal.signal(getattr(signal, name), _noted)
+            watched.add(int(getattr(signal, name)))
+
+    def wait() -> None:
+        while True:
+            received = receiver.recv(1)
+            if not received or sender.fileno() < 0:  # closed (the interpreter is ending): nothing arrived
+                return
+            if received[0] in watched:  # the descriptor hears every signal that has a Python handler
+                break
+        number, status = received[0], None
+        try:
+            status = callback(signal.Signals(number))
+        finally:
+            os._exit(128 + number if status is None else status)  # nothing more is written; checkpoints stay whole
+
+    thread = threading.Thread(target=wait, name="shoal-stop-signal", daemon=True)
+    thread.start()
+    return thread
+
+
+def _noted(number: int, frame) -> None:
+    """The Python-level handler: nothing (the thread of `call_on_stop` acts)."""

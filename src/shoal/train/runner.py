@@ -19,6 +19,7 @@ from shoal.algorithms import Role, ServerAlgorithm, make_algorithm, role, traine
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import DistInfo, choose_device
 from shoal.cluster.heartbeat import Heartbeat, liveness_store, silence
+from shoal.cluster.requeue import EpochEndStop, StopRequested
 from shoal.config import JobConfig
 from shoal.data.loader import ShardLoader
 from shoal.data.partition import steps_per_epoch
@@ -52,10 +53,11 @@ class Runner:
     """This rank's part of the job; `run()` takes every step in order and returns rank 0's test metrics."""
 
     def __init__(self, job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resume: bool = False,
-                 comm: Communicator | None = None):
-        """`comm`: the job's communicator (default: over the process group; tests pass a fake)."""
+                 comm: Communicator | None = None, stop: EpochEndStop | None = None):
+        """`comm`: the job's communicator (default: over the process group; tests pass a fake). `stop`: a
+        request to end at an epoch's end with a checkpoint (SLURM's warning before its time limit)."""
         self.job, self.info, self.run_dir, self.threads, self.resuming = job, info, Path(run_dir), threads, resume
-        self.comm = comm
+        self.comm, self.stop = comm, stop
         self.coordinator: Coordinator | None = None
         self.heartbeat: Heartbeat | None = None
         self.loader: ShardLoader | None = None
@@ -197,8 +199,12 @@ class Runner:
             self.coordinator.end_epoch(epoch, self.epoch_loop.global_step, per_rank, self.trainers,
                                        [self.hosts[rank] for rank in self.trainers], self.algorithm)
         every = self.job.checkpoint.every
-        if every and ((epoch + 1) % every == 0 or epoch + 1 == self.job.train.epochs):
+        due = every and ((epoch + 1) % every == 0 or epoch + 1 == self.job.train.epochs)
+        stopping = self.stop is not None and epoch + 1 < self.job.train.epochs and self.stop.agreed(self.comm)
+        if due or stopping:
             self.save_checkpoint(epoch + 1)
+        if stopping:
+            raise StopRequested(epoch + 1)
 
     def save_checkpoint(self, epochs_done: int) -> None:
         began = time.perf_counter()
@@ -232,6 +238,7 @@ class Runner:
             self.coordinator.close()
 
 
-def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resume: bool = False) -> dict:
+def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resume: bool = False,
+               stop: EpochEndStop | None = None) -> dict:
     """Train this rank's part of the job; returns the final test metrics (rank 0) or {}."""
-    return Runner(job, info, run_dir, threads, resume).run()
+    return Runner(job, info, run_dir, threads, resume, stop=stop).run()

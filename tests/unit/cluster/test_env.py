@@ -8,23 +8,35 @@ from datetime import timedelta
 import pytest
 import torch
 
+import shoal.cluster.env
 from shoal.cluster import env
 from shoal.cluster.env import DistInfo, choose_device, cores, get_dist_info, init_process_group, threads_per_worker
 from shoal.cluster.environments import ENVIRONMENTS
+from shoal.cluster.interface import SOCKET_VARIABLES
 from shoal.errors import ShoalError
 
 LAUNCHER_VARIABLES = [name for environment in ENVIRONMENTS for name in
                       (environment.RANK, environment.SIZE, environment.LOCAL_RANK, environment.LOCAL_SIZE) if name] + [
     "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
     "SLURM_NODEID", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID",
-    "SLURM_GPUS_PER_TASK", "TORCHELASTIC_RESTART_COUNT"]
+    "SLURM_GPUS_PER_TASK", "SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE"]
 
 
 @pytest.fixture(autouse=True)
 def no_launcher(monkeypatch):
-    """Every test starts as a process started alone, whatever launched pytest."""
+    """Every test starts as a process started alone, whatever launched pytest; what a join writes straight
+    into the environment (the store's address, the interfaces) is put back, or later tests' workers would
+    inherit it."""
     for name in LAUNCHER_VARIABLES:
         monkeypatch.delenv(name, raising=False)
+    saved = {name: os.environ.get(name) for name in (*SOCKET_VARIABLES, "MASTER_ADDR", "MASTER_PORT")}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def set_variables(monkeypatch, **variables):
@@ -185,9 +197,21 @@ def test_a_world_of_one_joins_nothing(joins):
 @pytest.mark.parametrize("present", [{}, {"MASTER_ADDR": "10.0.0.1"}, {"MASTER_PORT": "29500"}])
 def test_a_world_of_many_needs_master_addr_and_port(monkeypatch, joins, present):
     set_variables(monkeypatch, OMPI_COMM_WORLD_RANK=1, OMPI_COMM_WORLD_SIZE=2, **present)
-    with pytest.raises(ShoalError, match="MASTER_ADDR and MASTER_PORT must be set for a job started by Open MPI"):
+    # as without mpi4py (MPI itself is never started inside the test process)
+    monkeypatch.setattr(shoal.cluster.env, "agree_master", lambda world_size, one_machine: None)
+    with pytest.raises(ShoalError, match="must be set for a job started by Open MPI.*mpi4py"):
         init_process_group(get_dist_info(), torch.device("cpu"), timeout=30)
     assert joins == []
+
+
+def test_under_mpi_rank_0s_address_comes_over_mpi(monkeypatch, joins):
+    set_variables(monkeypatch, OMPI_COMM_WORLD_RANK=1, OMPI_COMM_WORLD_SIZE=2, OMPI_COMM_WORLD_LOCAL_SIZE=1)
+    asked = []
+    monkeypatch.setattr(shoal.cluster.env, "agree_master",
+                        lambda world_size, one_machine: asked.append((world_size, one_machine)) or ("10.0.0.9", 1234))
+    init_process_group(get_dist_info(), torch.device("cpu"), timeout=30)
+    assert asked == [(2, False)] and len(joins) == 1
+    assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("10.0.0.9", "1234")
 
 
 def test_a_world_of_many_on_cpu_joins_with_gloo(monkeypatch, joins):

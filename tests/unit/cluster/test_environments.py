@@ -96,6 +96,8 @@ def test_one_gpu_per_task_is_known():
     assert detect(variables).gpu_per_process() and not detect({"PMI_RANK": "0", "PMI_SIZE": "2"}).gpu_per_process()
 
 
-def test_torchruns_restart_count():
-    variables = {"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "1"}
-    assert detect(variables).restart_count() == 1
+def test_restarts_within_a_job_and_requeues_of_it():
+    variables = {"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_MAX_RESTARTS": "3"}
+    assert detect(variables).max_restarts() == 3 and detect(variables).requeue_count() == 0
+    slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_RESTART_COUNT": "2"}
+    assert detect(slurm).requeue_count() == 2 and detect(slurm).max_restarts() == 0

@@ -50,8 +50,16 @@ class Environment:
         address, port = self.environ.get("MASTER_ADDR"), self.environ.get("MASTER_PORT")
         return (address, int(port)) if address and port else None
 
-    def restart_count(self) -> int:
-        """How many times the launcher itself restarted the workers (only torchrun's agent does)."""
+    def stop_grace(self) -> float:
+        """Seconds between the launcher's SIGTERM and its SIGKILL (torchrun's and SLURM's KillWait: 30)."""
+        return 30.0
+
+    def max_restarts(self) -> int:
+        """How many times the launcher itself restarts failed workers within the job (torchrun's agent does)."""
+        return 0
+
+    def requeue_count(self) -> int:
+        """How many times the scheduler requeued the whole job (SLURM's --requeue): a fresh start that resumes."""
         return 0
 
     def gpu_per_process(self) -> bool:

@@ -89,5 +89,9 @@ class Slurm(Environment):
         port = int(self.environ.get("MASTER_PORT") or PORT_BASE + self.number("SLURM_JOB_ID") % PORT_SPAN)
         return self.environ.get("MASTER_ADDR") or expand_nodes(nodes)[0], port
 
+    def requeue_count(self) -> int:
+        """SLURM_RESTART_COUNT: set in a job requeued after a preemption, a node failure or `scontrol requeue`."""
+        return self.number("SLURM_RESTART_COUNT", 0)
+
     def gpu_per_process(self) -> bool:
         return self.environ.get("SLURM_GPUS_PER_TASK", "").strip() == "1"

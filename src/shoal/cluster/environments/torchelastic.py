@@ -9,6 +9,7 @@ class TorchElastic(Environment):
     name = "torchrun"
     RANK, SIZE, LOCAL_RANK, LOCAL_SIZE = "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"
 
-    def restart_count(self) -> int:
-        """How many times torchrun's agent has restarted the workers (its `--max-restarts`)."""
-        return self.number("TORCHELASTIC_RESTART_COUNT", 0)
+    def max_restarts(self) -> int:
+        """torchrun's `--max-restarts`. (Its TORCHELASTIC_RESTART_COUNT counts one machine's agent's restarts
+        after its own workers failed, not the job's: see shoal.cluster.env.agree_attempt.)"""
+        return self.number("TORCHELASTIC_MAX_RESTARTS", 0)

@@ -1,0 +1,68 @@
+"""`--workers auto`: as many workers as this machine has cores for and memory to hold (cNeural's k).
+
+k = min(cores / threads per worker, what fits in the memory available now), at least 1, decided
+on each machine for itself. A worker's memory is `cluster.memory_per_worker` when given; else
+torch's own footprint in a worker process plus its share of the training set as it sits in
+memory (features as float32 and labels; no more than data.memory_per_worker, past which a worker
+trains from a disk cache in sub-partitions).
+"""
+
+from __future__ import annotations
+
+import psutil
+
+from shoal.cluster.env import cores
+from shoal.config import JobConfig, parse_size
+from shoal.data.format import open_dataset
+
+WORKER_FOOTPRINT = 512 * 2**20
+"""A worker before its data: the interpreter, torch and gloo (job_end's memory records say about 350 MiB)."""
+LABEL_BYTES = 8
+
+
+def auto_workers(job: JobConfig, nodes: int = 1, available: int | None = None, core_count: int | None = None
+                 ) -> tuple[int, str]:
+    """This machine's worker count for the job on `nodes` machines, and the reason in words."""
+    available = psutil.virtual_memory().available if available is None else available
+    core_count = cores() if core_count is None else core_count
+    by_cores = max(core_count // max(job.cluster.threads, 1), 1)
+    for count in range(by_cores, 0, -1):
+        needed = memory_needed(job, nodes, count)
+        if needed <= available or count == 1:
+            break
+    limit = "cores" if count == by_cores else "memory"
+    reason = (f"{count} worker(s): {core_count} cores, {available / 2**30:.1f} GiB available, "
+              f"{needed / count / 2**30:.2f} GiB each ({limit} decide)")
+    return count, reason
+
+
+def memory_needed(job: JobConfig, nodes: int, count: int) -> int:
+    """Bytes `count` workers on one of `nodes` machines hold."""
+    if job.cluster.memory_per_worker is not None:
+        return count * parse_size("cluster.memory_per_worker", job.cluster.memory_per_worker)
+    train = open_dataset(job.data.train)
+    share = train.rows * (train.features * 4 + LABEL_BYTES) / (nodes * count)  # each worker's rows in memory
+    if job.data.memory_budget is not None:
+        share = min(share, job.data.memory_budget)
+    return int(count * (WORKER_FOOTPRINT + share))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m shoal.train.capacity JOB --nodes N`: this machine's count and reason, tab-separated
+    (what `shoal train --hosts ... --workers auto` asks each host)."""
+    import argparse
+
+    from shoal.jobs import load_job
+
+    parser = argparse.ArgumentParser(prog="python -m shoal.train.capacity", description=main.__doc__)
+    parser.add_argument("job")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args(argv)
+    count, reason = auto_workers(load_job(args.job, args.overrides), args.nodes)
+    print(f"{count}\t{reason}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

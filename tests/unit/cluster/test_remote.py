@@ -1,0 +1,63 @@
+"""One terminal for every machine: hosts from --hosts, a hostfile or the job, and each node's command."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import pytest
+
+from shoal.cluster.remote import Host, agree_workers, node_commands, parse_hosts, read_hostfile, remote_command
+from shoal.errors import ConfigError
+
+
+def test_hosts_with_and_without_worker_counts():
+    assert parse_hosts(["node1:4", "node2", "10.0.0.3:auto"], "--hosts") == [
+        Host("node1", "4"), Host("node2", None), Host("10.0.0.3", "auto")]
+
+
+@pytest.mark.parametrize("entries", [["node1:0"], ["node1", "node1:2"], ["bad host"], []])
+def test_bad_hosts_name_the_option(entries):
+    with pytest.raises(ConfigError, match="^--hosts"):
+        parse_hosts(entries, "--hosts")
+
+
+def test_a_hostfile_in_shoals_or_open_mpis_form(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("# the rack\nnode1 slots=4\nnode2:2   # a smaller one\n\nnode3\n")
+    assert read_hostfile(path) == [Host("node1", "4"), Host("node2", "2"), Host("node3", None)]
+    path.write_text("node1\nnode one\n")
+    with pytest.raises(ConfigError, match=f"^{path}:2: cannot read host"):
+        read_hostfile(path)
+
+
+def test_the_remote_command_is_the_template_and_one_shell_line():
+    command = remote_command("ssh -p 2222 {host}", "node2", ["python", "-m", "shoal", "train", "a job.toml"])
+    assert command[:3] == ["ssh", "-p", "2222"] and command[3] == "node2"
+    assert shlex.split(command[4]) == ["python", "-m", "shoal", "train", "a job.toml"]
+
+
+def test_every_node_gets_its_rank_its_workers_and_the_first_host_as_meeting_place():
+    hosts = [Host("node1", "4"), Host("node2", None)]
+    first, second = node_commands(hosts, ["/jobs/a.toml", "--run-dir", "/runs/a"], workers=4, port=29555)
+    assert first[:4] == [sys.executable, "-m", "shoal", "train"]
+    for rank, command in enumerate([first, second]):
+        options = dict(zip(command[5::2], command[6::2]))
+        assert options["--workers"] == "4" and options["--node-rank"] == str(rank)
+        assert options["--nnodes"] == "2" and options["--rdzv-endpoint"] == "node1:29555"
+        assert command[-1] == "--stop-when-input-closes"
+
+
+def test_every_host_runs_as_many_workers():
+    assert agree_workers([Host("node1", "4"), Host("node2")], "4", "ssh {host}", "job.toml", []) == 4
+    with pytest.raises(ConfigError, match="same number of workers, got 2, 4"):
+        agree_workers([Host("node1", "4"), Host("node2", "2")], "1", "ssh {host}", "job.toml", [])
+
+
+def test_auto_asks_every_host_and_takes_the_smallest(tmp_path, capsys):
+    answers = tmp_path / "fake-ssh"  # a stand-in for ssh: node1 holds 3 workers, node2 holds 2
+    answers.write_text('#!/bin/sh\ncase "$1" in node1) echo "3\tthree";; node2) echo "2\ttwo";; esac\n')
+    answers.chmod(0o755)
+    hosts = [Host("node1", "auto"), Host("node2")]
+    assert agree_workers(hosts, "auto", f"{answers} {{host}}", "job.toml", []) == 2
+    assert "2 worker(s) on every host" in capsys.readouterr().err
