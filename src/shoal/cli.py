@@ -25,10 +25,10 @@ def command_train(args: argparse.Namespace) -> int:
     if args.resume is None and args.job is None:
         raise ShoalError("train: give a job file, or --resume RUN_DIR")
     job = resolve_job(args.job or args.resume / "job.toml", args.overrides)
-    if args.hosts or args.hostfile or (job.cluster.hosts and not args.stop_when_input_closes and args.nnodes == 1):
-        return command_train_hosts(args, job)
     if args.max_restarts < 0:
         raise ShoalError(f"--max-restarts: must be >= 0, got {args.max_restarts}")
+    if args.hosts or args.hostfile or (job.cluster.hosts and not args.stop_when_input_closes and args.nnodes == 1):
+        return command_train_hosts(args, job)
     if args.nnodes < 1:
         raise ShoalError(f"--nnodes: must be >= 1, got {args.nnodes}")
     if args.node_rank is not None and not 0 <= args.node_rank < args.nnodes:
@@ -87,8 +87,6 @@ def command_train_hosts(args: argparse.Namespace, job) -> int:
     if args.nnodes != 1 or args.node_rank is not None or args.rdzv_endpoint or args.interface:
         raise ShoalError("--hosts: the nodes' ranks, meeting place and interfaces are chosen for them; leave out "
                          "--nnodes, --node-rank, --rdzv-endpoint and --interface")
-    if args.max_restarts < 0:
-        raise ShoalError(f"--max-restarts: must be >= 0, got {args.max_restarts}")
     if args.hosts and args.hostfile:
         raise ShoalError("--hosts and --hostfile: give one of them")
     if args.hostfile:

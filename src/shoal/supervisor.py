@@ -22,8 +22,8 @@ from shoal.cluster.signals import Interrupted, interruptible
 from shoal.cluster.store import StoreUnreachable
 from shoal.cluster.watch import AttemptWatch
 from shoal.errors import EXIT_USAGE, WorkerError, first_line
-from shoal.events import JobEnd, JobRestarted, WorkerFailed, append_event, read_history
-from shoal.train.checkpoint import newest_epoch
+from shoal.events import JobEnd, WorkerFailed, append_event
+from shoal.train.exits import restart_record
 
 
 @dataclass
@@ -148,10 +148,7 @@ class Supervisor:
             decision = Decision(restart=False, message=text, failure=failure_fields(cause), usage=usage)
         else:
             self.restarts += 1
-            from_epoch = newest_epoch(run_dir)
-            reached = read_history(run_dir).reached_epoch()
-            append_event(run_dir, JobRestarted(restart=self.restarts, from_epoch=from_epoch,
-                                               epochs_redone=max(reached + 1 - from_epoch, 0)))
+            append_event(run_dir, restart_record(run_dir, self.restarts))
             decision = Decision(restart=True, message=text)
         meeting.decide(attempt, decision)
         return decision

@@ -37,6 +37,7 @@ from shoal.cluster.env import cores, threads_per_worker
 from shoal.config import JobConfig
 from shoal.data.format import open_dataset
 from shoal.errors import ConfigError, ShoalError, WorkerError
+from shoal.train.directory import write_job_file
 
 TRIALS_FILE = "trials.csv"
 STUDY_FILE = "study.json"
@@ -121,6 +122,7 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
         print(f"shoal: warning: up to {max(workers)} workers on {available} cores: workers share cores, "
               "so those times include contention", file=sys.stderr)
     done = read_trials(out)
+    job_file = write_job_file(out, job) if hosts else None  # the job, where the hosts read it
     finished = {(row["size"], row["workers"], row["trial"]) for row in done}
     pending = [(trial, size, place) for trial, size, place in _order(Grid(sizes, grid_places, trials), seed)
                if (size.label, place.workers, trial) not in finished]
@@ -131,7 +133,7 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
             where = f" on {place.nodes} host(s)" if hosts else ""
             bar.set_postfix_str(f"size {size.label}, {place.workers} workers{where}, trial {trial}")
             if hosts:
-                done.append(run_trial_on_hosts(job, out, size, place, trial, hosts[:place.nodes]))
+                done.append(run_trial_on_hosts(job, job_file, out, size, place, trial, hosts[:place.nodes]))
             else:
                 done.append(run_trial(job, out, size, place.workers, trial, available))
             write_trials(out, done)
@@ -172,14 +174,14 @@ def run_trial(job: JobConfig, out: Path, size: Size, workers: int, trial: int, a
     return trial_row(out, run_dir, size, workers, trial, threads, available, time.perf_counter() - began)
 
 
-def run_trial_on_hosts(job: JobConfig, out: Path, size: Size, place: Placement, trial: int, hosts: list) -> dict:
-    """One fresh job on `hosts`, started from here as `shoal train --hosts` does; its row for the CSV."""
+def run_trial_on_hosts(job: JobConfig, job_file: Path, out: Path, size: Size, place: Placement, trial: int,
+                       hosts: list) -> dict:
+    """One fresh job on `hosts` (`job_file`: the study's job, written once for them to read), started from
+    here as `shoal train --hosts` does; its row for the CSV."""
     from shoal.cluster.signals import Interrupted, interruptible
     from shoal.events import read_history
-    from shoal.train.directory import write_job_file
 
     run_dir = trial_dir(out, size, place.workers, trial)
-    job_file = write_job_file(out, job)  # the study's job, for the hosts to read
     command = [sys.executable, "-m", "shoal", "train", str(job_file.resolve()), "--run-dir", str(run_dir.resolve()),
                "--hosts", ",".join(f"{host.name}:{place.per_node}" for host in hosts)]
     for override in trial_overrides(job, size, trial):

@@ -32,6 +32,11 @@ def route_source(host: str, port: int = 9) -> str | None:
         return None
 
 
+def local_addresses() -> set[str]:
+    """Every address this machine holds, on any interface (scope suffixes of IPv6 ones left off)."""
+    return {entry.address.split("%")[0] for entries in psutil.net_if_addrs().values() for entry in entries}
+
+
 def interface_with(address: str) -> str | None:
     """The name of the interface holding `address`."""
     for name, addresses in psutil.net_if_addrs().items():

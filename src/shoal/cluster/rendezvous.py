@@ -25,12 +25,12 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-import psutil
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from shoal.cluster import store as stores
+from shoal.cluster.interface import local_addresses
 from shoal.config import DEFAULT_PORT
 from shoal.errors import ConfigError, WorkerError, first_line
 from shoal.events import WorkerFailed
@@ -87,10 +87,6 @@ class Decision:
     """The cause is the user's input (exit status 2)."""
     completed: bool = False
     """The job completed (a node that failed while finishing need not restart)."""
-
-
-def local_addresses() -> set[str]:
-    return {entry.address.split("%")[0] for entries in psutil.net_if_addrs().values() for entry in entries}
 
 
 def resolve(host: str) -> str:

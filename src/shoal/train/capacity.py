@@ -26,8 +26,9 @@ def auto_workers(job: JobConfig, nodes: int = 1, available: int | None = None, c
     available = psutil.virtual_memory().available if available is None else available
     core_count = cores() if core_count is None else core_count
     by_cores = max(core_count // max(job.cluster.threads, 1), 1)
+    node_share = share_bytes(job) / nodes
     for count in range(by_cores, 0, -1):
-        needed = memory_needed(job, nodes, count)
+        needed = memory_needed(job, node_share, count)
         if needed <= available or count == 1:
             break
     limit = "cores" if count == by_cores else "memory"
@@ -36,12 +37,20 @@ def auto_workers(job: JobConfig, nodes: int = 1, available: int | None = None, c
     return count, reason
 
 
-def memory_needed(job: JobConfig, nodes: int, count: int) -> int:
-    """Bytes `count` workers on one of `nodes` machines hold."""
+def share_bytes(job: JobConfig) -> float:
+    """The training set as the workers hold it in memory (float32 features and labels); 0 when the job
+    states a worker's memory itself."""
+    if job.cluster.memory_per_worker is not None:
+        return 0.0
+    train = open_dataset(job.data.train)
+    return train.rows * (train.features * 4 + LABEL_BYTES)
+
+
+def memory_needed(job: JobConfig, node_share: float, count: int) -> int:
+    """Bytes `count` workers hold on a machine whose share of the training set is `node_share` bytes."""
     if job.cluster.memory_per_worker is not None:
         return count * parse_size("cluster.memory_per_worker", job.cluster.memory_per_worker)
-    train = open_dataset(job.data.train)
-    share = train.rows * (train.features * 4 + LABEL_BYTES) / (nodes * count)  # each worker's rows in memory
+    share = node_share / count  # each worker's rows in memory
     if job.data.memory_budget is not None:
         share = min(share, job.data.memory_budget)
     return int(count * (WORKER_FOOTPRINT + share))

@@ -50,6 +50,11 @@ class Exit:
     consequence: bool = False
     """Its error came from a peer gone."""
 
+    @property
+    def own_error(self) -> bool:
+        """It raised an error of its own making (not one that only followed a peer's loss)."""
+        return bool(self.message) and not self.consequence
+
     @classmethod
     def of_error(cls, rank: int, host: str, message: str) -> Exit:
         return cls(rank, host, message=message, consequence=lost_peer(message))
@@ -94,7 +99,7 @@ class ExitBook:
             exits = self.read()
             if len(exits) == self.world_size or time.monotonic() >= deadline:
                 return exits
-            if any(leaving.message and not leaving.consequence for leaving in exits.values()):
+            if any(leaving.own_error for leaving in exits.values()):
                 deadline = min(deadline, time.monotonic() + SETTLE_SECONDS)
             time.sleep(0.1)
 
@@ -112,8 +117,7 @@ def cause(book: ExitBook, exits: dict[int, Exit]) -> WorkerFailed | None:
 
     In order: a worker's own error, the worker found silent after a timeout, a worker that left no
     word (killed outright), a worker's error that only followed a peer's loss."""
-    own = sorted((leaving for leaving in exits.values() if leaving.message and not leaving.consequence),
-                 key=lambda leaving: leaving.rank)
+    own = sorted((leaving for leaving in exits.values() if leaving.own_error), key=lambda leaving: leaving.rank)
     if own:
         return WorkerFailed(rank=own[0].rank, host=own[0].host, message=own[0].message)
     try:
@@ -149,15 +153,20 @@ def record_outcome(run_dir: Path, book: ExitBook, exits: dict[int, Exit], *, res
         append_event(run_dir, JobEnd(status="failed", message=failure.text()))
 
 
+def restart_record(run_dir: Path, restart: int) -> JobRestarted:
+    """Restart number `restart`, from the newest checkpoint: what `job_restarted` says (shoal's own launcher
+    writes it too)."""
+    from_epoch = newest_epoch(run_dir)
+    reached = read_history(run_dir).reached_epoch()
+    return JobRestarted(restart=restart, from_epoch=from_epoch, epochs_redone=max(reached + 1 - from_epoch, 0))
+
+
 def record_restart(run_dir: Path, store: dist.Store, restarts: int, world_size: int, launcher: str) -> None:
     """Rank 0 of the launcher's restart number `restarts`: the last attempt's failure, if rank 0 could not
     record it then (it was the one killed), and the restart itself."""
     previous = ExitBook(store, restarts - 1, world_size)
     record_outcome(run_dir, previous, previous.read(), restarts_left=0, launcher=launcher, restarting=True)
-    from_epoch = newest_epoch(run_dir)
-    reached = read_history(run_dir).reached_epoch()
-    append_event(run_dir, JobRestarted(restart=restarts, from_epoch=from_epoch,
-                                       epochs_redone=max(reached + 1 - from_epoch, 0)))
+    append_event(run_dir, restart_record(run_dir, restarts))
 
 
 class Recorder:

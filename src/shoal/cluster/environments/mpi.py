@@ -12,7 +12,7 @@ import socket
 import psutil
 
 from shoal.cluster.environments.base import Environment
-from shoal.cluster.interface import route_source
+from shoal.cluster.interface import local_addresses, route_source
 from shoal.errors import ShoalError
 
 
@@ -76,7 +76,7 @@ def agree_master(world_size: int, one_machine: bool) -> tuple[str, int] | None:
 def _reachable(addresses: list[str]) -> str | None:
     """The first of rank 0's addresses this machine reaches and does not hold itself (a docker0 bridge's
     172.17.0.1 is on every machine, and would lead each to itself)."""
-    own = {entry.address for entries in psutil.net_if_addrs().values() for entry in entries}
+    own = local_addresses()
     return next((address for address in addresses if address not in own and route_source(address) is not None),
                 None)
 
