@@ -41,15 +41,21 @@ def wait_for_first_epoch(launcher: subprocess.Popen, run_dir: Path) -> None:
         time.sleep(0.05)
 
 
-def test_fit_gives_the_callers_signal_handlers_back_and_leaves_no_folders(task, tmp_path):
+def test_fit_gives_the_callers_signal_handlers_and_environment_back_and_leaves_no_folders(task, tmp_path):
     def mine(signum, frame):
         raise AssertionError("not expected to run")
 
     before = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)}
     folders = launcher_folders()
+    environment = dict(os.environ)
     signal.signal(signal.SIGTERM, mine)
     try:
         shoal.fit(write_job(tmp_path / "job.toml", *task, epochs=1), workers=2, run_dir=tmp_path / "run")
+        # a torchrun started later by the caller would take its workers for shoal's own (torch's
+        # dynamo sets its cache folder when first imported, which is torch's own doing)
+        torchs = "TORCHINDUCTOR_CACHE_DIR"
+        assert {k: v for k, v in os.environ.items() if k != torchs} == {k: v for k, v in environment.items()
+                                                                         if k != torchs}
         assert signal.getsignal(signal.SIGTERM) is mine
         assert signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
         assert signal.getsignal(signal.SIGQUIT) is before[signal.SIGQUIT]

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from shoal.cluster.environments import TorchElastic, detect
 from shoal.cluster.environments.mpi import MPI_LAUNCHERS, agree_master
 from shoal.cluster.interface import choose_interface
-from shoal.cluster.orphan import LAUNCHER_VARIABLE
+from shoal.cluster.orphan import under_shoal_launcher
 from shoal.errors import ShoalError
 
 
@@ -102,7 +102,7 @@ def agree_attempt(info: DistInfo, master: tuple[str, int], timeout: float) -> tu
     each counts its own starts in the store, and all arrive at the same number. (Where the
     workers do not share the agents' store, rank 0 hosts a fresh one and the agent's count is
     all there is.)"""
-    if info.launcher != TorchElastic.name or LAUNCHER_VARIABLE in os.environ:  # shoal's own: a store per attempt
+    if info.launcher != TorchElastic.name or under_shoal_launcher():  # shoal's own: a store per attempt
         return 0, {}
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":

@@ -37,11 +37,13 @@ WORKER_MODULE = "shoal.worker"
 def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezvous: RendezvousHandler,
            resume: bool = False) -> None:
     """Run `workers` local worker processes of the job to completion; raise WorkerError on failure."""
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    os.environ[LAUNCHER_VARIABLE] = str(os.getpid())  # its workers end themselves once it is gone
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = handled_signals()
-    # every node runs the same number of workers: torch numbers them without asking a shared store
-    os.environ["TORCH_ELASTIC_WORKER_IDENTICAL"] = "1"
+    variables = {
+        "OMP_NUM_THREADS": str(threads),
+        LAUNCHER_VARIABLE: str(os.getpid()),  # its workers end themselves once it is gone
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": handled_signals(),
+        # every node runs the same number of workers: torch numbers them without asking a shared store
+        "TORCH_ELASTIC_WORKER_IDENTICAL": "1",
+    }
     arguments = ["-u", "-m", WORKER_MODULE, str(job_file), "--run-dir", str(run_dir), "--threads", str(threads)]
     if resume:
         arguments.append("--resume")
@@ -49,7 +51,7 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezv
     logs = tempfile.mkdtemp(prefix="shoal-launch-")
     try:
         agent = make_agent(rendezvous, workers, arguments, logs)
-        with _quiet_elastic(), caller_signal_handlers():
+        with _quiet_elastic(), caller_signal_handlers(), workers_environment(variables):
             result = agent.run()
         if result.is_failed():
             raise describe_failure(ChildFailedError(name=WORKER_MODULE, failures=result.failures))
@@ -67,12 +69,36 @@ class NodeAgent(LocalElasticAgent):
     def _exit_barrier(self) -> None:
         pass
 
+    def _start_workers(self, worker_group):
+        started = super()._start_workers(worker_group)
+        # once one worker fails torch stops the others with its default 30 s before SIGKILL, not the
+        # agent's shutdown timeout: a stopped or wedged worker would hold every failure that long
+        close = self._pcontext.close
+        self._pcontext.close = lambda death_sig=None, timeout=SHUTDOWN_SECONDS: close(death_sig,
+                                                                                     min(timeout, SHUTDOWN_SECONDS))
+        return started
+
 
 def make_agent(rendezvous: RendezvousHandler, workers: int, arguments: list[str], logs: str) -> LocalElasticAgent:
     spec = WorkerSpec(role="worker", local_world_size=workers, entrypoint=sys.executable, args=tuple(arguments),
                       rdzv_handler=rendezvous, max_restarts=0, monitor_interval=0.1)
     return NodeAgent(spec, logs_specs=DefaultLogsSpecs(log_dir=logs), start_method="spawn",
                      shutdown_timeout=SHUTDOWN_SECONDS)
+
+
+@contextlib.contextmanager
+def workers_environment(variables: dict[str, str]):
+    """The workers' variables, set only while the agent runs: torch's agent copies this process's
+    environment (and adds its own, TORCHINDUCTOR_CACHE_DIR). A caller that launches in-process
+    (shoal.fit) gets its environment back, or a torchrun it starts later would take its workers for
+    shoal's own."""
+    saved = dict(os.environ)
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @contextlib.contextmanager

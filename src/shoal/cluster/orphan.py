@@ -23,6 +23,12 @@ LAUNCHER_VARIABLE = "SHOAL_LAUNCHER_PID"
 """Set by shoal's launcher for its workers: a worker started after its launcher died knows at once."""
 
 
+def under_shoal_launcher(environment: dict = os.environ) -> bool:
+    """Whether shoal's own launcher started this process, rather than torchrun, srun or mpirun (a variable
+    inherited from elsewhere names some other process than the parent)."""
+    return environment.get(LAUNCHER_VARIABLE) == str(os.getppid())
+
+
 def end_with_parent(interval: float = CHECK_SECONDS, environment: dict = os.environ) -> threading.Thread:
     """Watch the current parent from a daemon thread; the thread."""
     parent = os.getppid()

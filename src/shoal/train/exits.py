@@ -12,7 +12,6 @@ its silence is its record.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -21,7 +20,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from shoal.cluster.heartbeat import attempt_store, beat_key, job_store, silence, verdict
-from shoal.cluster.orphan import LAUNCHER_VARIABLE
+from shoal.cluster.orphan import under_shoal_launcher
 from shoal.cluster.signals import call_on_stop
 from shoal.cluster.store import STORE_ERRORS, Bounded
 from shoal.errors import lost_peer
@@ -225,7 +224,7 @@ class Recorder:
 def outside_recorder(info) -> Recorder | None:
     """This worker's recorder under torchrun, srun or mpirun; None alone or under shoal's launcher (which
     records failures itself). From here on, a stop signal is recorded the moment it arrives."""
-    if info.launcher is None or LAUNCHER_VARIABLE in os.environ:
+    if info.launcher is None or under_shoal_launcher():
         return None
     recorder = Recorder(job_store(info), info)
     call_on_stop(lambda number: recorder.stopped(number.name))

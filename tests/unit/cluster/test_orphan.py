@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import sys
 import psutil
 import pytest
 
-from shoal.cluster.orphan import LAUNCHER_VARIABLE, ORPHAN_EXIT
+from shoal.cluster.orphan import LAUNCHER_VARIABLE, ORPHAN_EXIT, under_shoal_launcher
 
 CHILD = ("import sys, time; from shoal.cluster.orphan import end_with_parent; end_with_parent(0.1); "
          "print('watching', flush=True); time.sleep(60)")
@@ -58,3 +59,10 @@ def test_a_process_whose_parent_lives_keeps_running(project_env, launcher):
         env[LAUNCHER_VARIABLE] = "1"
     finished = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=30)
     assert finished.returncode == 3 != ORPHAN_EXIT
+
+
+@pytest.mark.parametrize(("value", "expected"), [("parent", True), ("1", False), (None, False)])
+def test_only_the_parent_named_in_the_variable_is_shoals_launcher(value, expected):
+    """A variable inherited from elsewhere (a caller that ran shoal.fit, then torchrun) is not shoal's launcher."""
+    environment = {} if value is None else {LAUNCHER_VARIABLE: str(os.getppid()) if value == "parent" else value}
+    assert under_shoal_launcher(environment) is expected
