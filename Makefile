@@ -46,6 +46,7 @@ test: install system-packages
 
 bench: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.overhead
+	$(BIN)/python -m benchmarks.startup
 	$(BIN)/python -m benchmarks.epoch
 	$(BIN)/python -m benchmarks.loader
 	$(BIN)/python -m benchmarks.budget
