@@ -21,7 +21,7 @@ from pathlib import Path
 
 from benchmarks.common import ROOT, WORK, machine, machine_line, median, write_result
 from shoal.data.synthetic import synth_binary
-from shoal.events import read_events
+from shoal.events import read_history
 
 JOB = """[model]
 layers = [{{ dense = 16, activation = "relu" }}, {{ dense = 2 }}]
@@ -55,8 +55,8 @@ def one_job(source: Path, job: Path, run_dir: Path, workers: int) -> tuple[float
     subprocess.run([sys.executable, "-m", "shoal", "train", str(job), "--workers", str(workers), "--run-dir",
                     str(run_dir)], check=True, cwd=ROOT, env=env, capture_output=True)
     total = time.time() - began
-    first = next(e for e in read_events(run_dir) if e["event"] == "epoch_end")
-    return first["time"] - first["seconds"] - began, total
+    first = read_history(run_dir).epochs[0]
+    return first.time - first.seconds - began, total
 
 
 def report(results: dict, args, info: dict) -> str:

@@ -88,10 +88,9 @@ def make_agent(rendezvous: RendezvousHandler, workers: int, arguments: list[str]
 
 @contextlib.contextmanager
 def workers_environment(variables: dict[str, str]):
-    """The workers' variables, set only while the agent runs: torch's agent copies this process's
-    environment (and adds its own, TORCHINDUCTOR_CACHE_DIR). A caller that launches in-process
-    (shoal.fit) gets its environment back, or a torchrun it starts later would take its workers for
-    shoal's own."""
+    """The workers' variables, set only while the agent runs (it hands its workers a copy of this
+    process's environment). A caller that launches in-process (shoal.fit) gets its environment back
+    as it was, or a torchrun it starts later would take its workers for shoal's own."""
     saved = dict(os.environ)
     os.environ.update(variables)
     try:
