@@ -3,7 +3,7 @@
     import shoal
     result = shoal.fit("examples/a9a.toml", workers=2)
     result.metrics, result.model, result.run_dir
-    model = shoal.load_model(result.run_dir)
+    model = shoal.load_model(result.run_dir)  # trust_code=True for a model built by a model.factory
 
 The names below load on first use, so light commands (`shoal status`) do not import torch.
 """

@@ -14,7 +14,7 @@ DESCRIPTION = "shoal: train one neural network across many commodity machines."
 
 
 def command_train(args: argparse.Namespace) -> int:
-    from shoal.api import resolve_job, result, start
+    from shoal.api import final_metrics, resolve_job, resumed_job, start
     from shoal.cluster.interface import use_interface
     from shoal.cluster.rendezvous import Nodes
     from shoal.cluster.signals import Interrupted
@@ -24,7 +24,12 @@ def command_train(args: argparse.Namespace) -> int:
         raise ShoalError(f"{args.resume}: no job.toml: not a shoal run directory")
     if args.resume is None and args.job is None:
         raise ShoalError("train: give a job file, or --resume RUN_DIR")
-    job = resolve_job(args.job or args.resume / "job.toml", args.overrides)
+    if args.trust_code and args.resume is None:
+        raise ShoalError("--trust-code: only with --resume RUN_DIR (a job file you name is trusted as it is)")
+    if args.job is None:  # the run directory's job.toml: data, whose factory runs only on the user's word
+        job = resumed_job(args.resume, args.overrides, args.trust_code)
+    else:
+        job = resolve_job(args.job, args.overrides)
     if args.max_restarts < 0:
         raise ShoalError(f"--max-restarts: must be >= 0, got {args.max_restarts}")
     if args.hosts or args.hostfile or (job.cluster.hosts and not args.stop_when_input_closes and args.nnodes == 1):
@@ -51,14 +56,19 @@ def command_train(args: argparse.Namespace) -> int:
     try:
         start(job, run_dir, nodes, resume=args.resume is not None, max_restarts=args.max_restarts)
     except Interrupted as interrupt:
-        print(f"shoal: {interrupt}; continue with: shoal train --resume {run_dir}", file=sys.stderr)
+        print(f"shoal: {interrupt}; continue with: shoal train --resume {run_dir}{trust_flag(job)}", file=sys.stderr)
         return interrupt.exit_code
     if (run_dir / "model.pt").exists():  # this node ran the coordinator
-        metrics = result(run_dir).metrics
+        metrics = final_metrics(run_dir)
         if metrics:  # a job without a test set has none
             print("final " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
     print(f"run directory: {run_dir}")
     return 0
+
+
+def trust_flag(job) -> str:
+    """What a resume of this job needs: a job naming a model.factory is refused without --trust-code."""
+    return " --trust-code" if job.model.factory else ""
 
 
 def workers_for(option: str | None, job, nodes: int) -> int | None:
@@ -96,7 +106,8 @@ def command_train_hosts(args: argparse.Namespace, job) -> int:
                             "--hosts" if args.hosts else "cluster.hosts")
     if args.resume is not None:
         run_dir = args.resume.resolve()
-        arguments = [*([str(args.job.resolve())] if args.job else []), "--resume", str(run_dir)]
+        arguments = [*([str(args.job.resolve())] if args.job else []), "--resume", str(run_dir),
+                     *(["--trust-code"] if args.trust_code else [])]
     else:
         run_dir = new_run_dir(job, args.run_dir).resolve()  # the same absolute path on every host
         arguments = [str(args.job.resolve()), "--run-dir", str(run_dir)]
@@ -113,7 +124,7 @@ def command_train_hosts(args: argparse.Namespace, job) -> int:
         status = Fleet(hosts, commands, job.cluster.remote).run()
     except Interrupted as interrupt:
         print(f"shoal: {interrupt} (every host stopped); continue with: shoal train --resume {run_dir} "
-              f"--hosts {','.join(host.name for host in hosts)}", file=sys.stderr)
+              f"--hosts {','.join(host.name for host in hosts)}{trust_flag(job)}", file=sys.stderr)
         return interrupt.exit_code
     return status
 
@@ -209,7 +220,7 @@ def command_sample(args: argparse.Namespace) -> int:
 def command_predict(args: argparse.Namespace) -> int:
     from shoal.train.artifacts import predict
 
-    rows = predict(args.run_dir, args.dataset, args.out)
+    rows = predict(args.run_dir, args.dataset, args.out, overwrite=args.overwrite, trust_code=args.trust_code)
     print(f"{args.out}: {rows:,} predictions")
     return 0
 
@@ -288,6 +299,9 @@ def parser() -> argparse.ArgumentParser:
                             "and memory hold")
     train.add_argument("--run-dir", type=Path, help="where the job writes (default runs/<job>-<date>-<time>)")
     train.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its newest checkpoint")
+    train.add_argument("--trust-code", action="store_true",
+                       help="with --resume: build the model even if the run's job.toml names a model.factory "
+                            "(importing it runs code from the run directory)")
     train.add_argument("--max-restarts", type=int, default=0,
                        help="restart failed workers from the newest checkpoint up to this many times")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -373,7 +387,11 @@ def parser() -> argparse.ArgumentParser:
     predict = commands.add_parser("predict", help="predict a dataset with a trained run's model")
     predict.add_argument("run_dir", help="a finished run directory")
     predict.add_argument("dataset", help="a dataset folder")
-    predict.add_argument("--out", required=True, help="output file (.parquet or .csv)")
+    predict.add_argument("--out", required=True, help="output file (.parquet or .csv), outside the run directory")
+    predict.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    predict.add_argument("--trust-code", action="store_true",
+                         help="build the model even if it is made by a model.factory (importing it runs code "
+                              "named in the run directory)")
     predict.set_defaults(handler=command_predict)
 
     status = commands.add_parser("status", help="where a job stands: epoch, loss, speed, ETA, workers")

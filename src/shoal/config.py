@@ -28,6 +28,15 @@ DEVICES = ("auto", "cpu", "cuda")
 LOSSES = ("cross_entropy", "binary_cross_entropy", "mse")
 DEFAULT_PORT = 29400
 """Where the machines meet on the first one, unless told (torchrun's default too)."""
+SEED_LIMIT = 2**63
+"""train.seed is below this: TOML integers are signed 64-bit, and each rank seeds torch with
+seed + 1 + rank, which torch takes up to 2**64 - 1."""
+MAX_THREADS = 1024
+"""cluster.threads at most: more than the hardware threads of today's largest two-socket machines
+(768); far more makes OpenMP start threads until the worker crashes (10**8 ends in SIGSEGV)."""
+TIMEOUT_RANGE = (1.0, 7 * 24 * 3600.0)
+"""cluster.timeout in seconds: workers need more than a second to meet at all, and a collective
+silent for over a week is stuck; the upper bound also keeps far inside timedelta and the store's clocks."""
 
 
 @dataclass
@@ -108,7 +117,7 @@ class TrainConfig:
         _at_least("train.epochs", self.epochs, 1)
         _at_least("train.batch_size", self.batch_size, 1)
         _at_least("train.eval_every", self.eval_every, 1)
-        _at_least("train.seed", self.seed, 0)
+        _within("train.seed", self.seed, 0, SEED_LIMIT - 1)
         _at_least("train.validate_every", self.validate_every, 0)
         if not (isinstance(self.validate_seconds, (int, float)) and not isinstance(self.validate_seconds, bool)
                 and math.isfinite(self.validate_seconds) and self.validate_seconds >= 0):
@@ -145,7 +154,7 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         _at_least("cluster.workers", self.workers, 1)
-        _at_least("cluster.threads", self.threads, 0)
+        _within("cluster.threads", self.threads, 0, MAX_THREADS)
         _at_least("cluster.groups", self.groups, 1)
         _at_least("cluster.port", self.port, 1)
         if self.port > 65535:
@@ -156,8 +165,11 @@ class ClusterConfig:
             parse_size("cluster.memory_per_worker", self.memory_per_worker)
         if self.device not in DEVICES:
             raise ConfigError(f"cluster.device: must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if not (math.isfinite(self.timeout) and self.timeout > 0):
-            raise ConfigError(f"cluster.timeout: must be > 0 seconds, got {self.timeout}")
+        low, high = TIMEOUT_RANGE
+        if not (isinstance(self.timeout, (int, float)) and not isinstance(self.timeout, bool)
+                and low <= self.timeout <= high):  # NaN fails the comparison too
+            raise ConfigError(f"cluster.timeout: must be seconds from {low:g} to {high:g} (a week), "
+                              f"got {self.timeout!r}")
 
 
 @dataclass
@@ -227,6 +239,11 @@ def parse_size(key: str, value: Any) -> int:
 def _at_least(key: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{key}: must be an integer >= {minimum}, got {value!r}")
+
+
+def _within(key: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{key}: must be an integer from {low} to {high}, got {value!r}")
 
 
 def drop_none(value: Any) -> Any:

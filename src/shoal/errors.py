@@ -37,6 +37,13 @@ class DataError(ShoalError):
     """A dataset or an import source is missing, malformed or inconsistent."""
 
 
+class StoreError(DataError):
+    """A read from a dataset store kept failing in a way that may pass (a dropped connection, throttling):
+    the data is not at fault, so a job with restarts left restarts for it as for a lost machine."""
+
+    exit_code = 1
+
+
 class WorkerError(ShoalError):
     """A worker process of a job failed; the message names its rank and host."""
 

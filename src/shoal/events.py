@@ -11,8 +11,10 @@ job to end.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import functools
 import json
+import math
 import os
 import threading
 import time
@@ -239,21 +241,34 @@ KINDS: dict[str, type[Event]] = {kind.kind: kind for kind in (
 
 
 class EventLog:
-    """Appends records to a run's events file; safe to share with a background thread."""
+    """Appends records to a run's events file; safe to share with a background thread and other processes.
+
+    Each record is strict JSON on a line of its own: a non-finite number (a NaN metric) is stored
+    as null, and a line torn by a writer that died mid-record is cut off before the next record,
+    which would otherwise be glued to it and lost. Writers of one file take turns through `flock`
+    on it (the launcher appends while the coordinator writes), so none mistakes another's record
+    in progress for a torn one.
+    """
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / EVENTS_FILE
-        self._handle = open(self.path, "a", encoding="utf-8")
+        self._handle = open(self.path, "ab+", buffering=0)
         self._lock = threading.Lock()  # the background validation writes too
 
     def write(self, event: Event) -> Event:
         """Stamp the event with the time, append it, and make it durable; the stamped event."""
         event = dataclasses.replace(event, time=round(time.time(), 3))
-        line = json.dumps(event.record(), default=_plain) + "\n"
+        line = json.dumps(_finite(event.record()), default=_plain, allow_nan=False) + "\n"
+        descriptor = self._handle.fileno()
         with self._lock:
-            self._handle.write(line)
-            self._handle.flush()
-            os.fsync(self._handle.fileno())
+            turn = _take_turn(descriptor)
+            try:
+                _cut_torn_line(descriptor)
+                _write_all(descriptor, line.encode("utf-8"))
+                os.fsync(descriptor)
+            finally:
+                if turn:
+                    fcntl.flock(descriptor, fcntl.LOCK_UN)
         return event
 
     def close(self) -> None:
@@ -269,11 +284,52 @@ def append_event(run_dir: str | Path, event: Event) -> Event:
         log.close()
 
 
+def _finite(value: Any) -> Any:
+    """The record with every NaN and infinity as None (JSON has no such numbers: they are written as null)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
 def _plain(value: Any) -> Any:
     """numpy scalars and other stragglers as plain JSON values."""
     if hasattr(value, "item"):
-        return value.item()
+        return _finite(value.item())
     return str(value)
+
+
+def _take_turn(descriptor: int) -> bool:
+    """Wait for the other writers of the file; False on a filesystem without locks (writing goes on unguarded)."""
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+    except OSError:
+        return False
+    return True
+
+
+def _cut_torn_line(descriptor: int) -> None:
+    """Truncate the file back to its last newline: a last line without one is a record its writer never finished."""
+    size = os.fstat(descriptor).st_size
+    if size == 0 or os.pread(descriptor, 1, size - 1) == b"\n":
+        return
+    end = size
+    while end > 0:
+        start = max(0, end - 65536)
+        newline = os.pread(descriptor, end - start, start).rfind(b"\n")
+        if newline >= 0:
+            os.ftruncate(descriptor, start + newline + 1)
+            return
+        end = start
+    os.ftruncate(descriptor, 0)
+
+
+def _write_all(descriptor: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(descriptor, data):]
 
 
 # ---------------------------------------------------------------- reading
@@ -318,15 +374,22 @@ def _build(cls: type, values: dict):
 
 
 def _value(hint: Any, value: Any) -> Any:
-    """Nested records (a dataclass, or a list of them) built from their dicts; anything else as stored."""
+    """Nested records (a dataclass, or a list of them) built from their dicts; a null where a number
+    belongs (stored for a NaN or an infinity) as NaN; anything else as stored."""
     if isinstance(hint, types.UnionType):  # `X | None`: X
         hint = next(argument for argument in typing.get_args(hint) if argument is not type(None))
     if dataclasses.is_dataclass(hint) and isinstance(value, dict):
         return _build(hint, value)
-    arguments = typing.get_args(hint)
-    if typing.get_origin(hint) is list and arguments and dataclasses.is_dataclass(arguments[0]) \
-            and isinstance(value, list):
-        return [_build(arguments[0], item) if isinstance(item, dict) else item for item in value]
+    if hint is float:
+        return math.nan if value is None else value
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+    if origin is dict and arguments[1:] == (float,) and isinstance(value, dict):
+        return {key: math.nan if item is None else item for key, item in value.items()}
+    if origin is list and arguments and isinstance(value, list):
+        if dataclasses.is_dataclass(arguments[0]):
+            return [_build(arguments[0], item) if isinstance(item, dict) else item for item in value]
+        if arguments[0] is float:
+            return [math.nan if item is None else item for item in value]
     return value
 
 

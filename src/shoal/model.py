@@ -3,23 +3,27 @@
 A spec is plain data: `{"input": [123], "layers": [{"dense": 100, "activation": "relu"}, ...]}`
 or `{"input": [...], "factory": "pkg.mod:fn", "arguments": {...}}`. The same spec is saved
 with the trained weights so `load_model` can rebuild the module. Code is imported only through
-an explicit factory; a layer list never executes anything.
+an explicit factory; a layer list never executes anything. A spec read back from a run directory
+is data that anyone may have written: `check_trusted` refuses its factory unless the user vouches
+for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
+import inspect
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, first_line
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
@@ -192,29 +196,79 @@ def from_layers(input_shape: list[int], layers: list[dict]) -> nn.Sequential:
     return nn.Sequential(*modules)
 
 
-def from_factory(factory: str, arguments: dict) -> nn.Module:
-    """Import `package.module:function` and call it with the arguments."""
-    module_name, _, function_name = factory.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # the user's own modules, as `python -m` would find them
+@contextlib.contextmanager
+def current_folder_importable() -> Iterator[None]:
+    """The user's own modules import from the current folder, as `python -m` finds them; only meanwhile.
+
+    Left on sys.path for good, the folder would shadow installed packages for the rest of the process.
+    """
+    folder = os.getcwd()
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
     try:
-        function = getattr(importlib.import_module(module_name), function_name)
-    except (ImportError, AttributeError) as error:
-        raise ConfigError(f"model.factory: cannot import {factory!r}: {error}") from None
+        yield
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+
+
+def _call_factory(factory: str, function: Callable, arguments: dict) -> Any:
+    """Call the factory; arguments it does not take, or any exception it raises, become one line."""
     try:
-        model = function(**arguments)
+        inspect.signature(function).bind(**arguments)
     except TypeError as error:  # arguments the factory does not take
         raise ConfigError(f"model.arguments: {factory!r} refused them: {error}") from None
+    except ValueError:  # no signature to read (some builtins): the call itself says
+        pass
+    try:
+        return function(**arguments)
+    except Exception as error:
+        raise ConfigError(f"model.factory: {factory!r} failed: {type(error).__name__}: {first_line(error)}") from None
+
+
+def from_factory(factory: str, arguments: dict) -> nn.Module:
+    """Import `package.module:function` and call it with the arguments."""
+    if not isinstance(factory, str) or not isinstance(arguments, dict):
+        raise ConfigError(f"model.factory: expected 'package.module:function' and a table of arguments, "
+                          f"got {factory!r} and {arguments!r}")
+    module_name, _, function_name = factory.partition(":")
+    with current_folder_importable():
+        try:
+            function = getattr(importlib.import_module(module_name), function_name)
+        except Exception as error:  # ImportError, AttributeError, or whatever the module raises as it loads
+            raise ConfigError(f"model.factory: cannot import {factory!r}: {first_line(error)}") from None
+        model = _call_factory(factory, function, arguments)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.factory: {factory!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model
 
 
 def build_model(spec: dict) -> nn.Module:
-    """A fresh module from a spec (see the module docstring)."""
+    """A fresh module from a spec (see the module docstring); `check_trusted` first for one read from a run."""
     if spec.get("factory"):
         return from_factory(spec["factory"], spec.get("arguments", {}))
     return from_layers(spec["input"], spec["layers"])
+
+
+Trust = bool | str
+"""True: any factory may be imported; a factory's name: that one only (the user named it again)."""
+
+
+def untrusted(where: str, factory: str) -> str:
+    return (f"{where}: the model is built by code (model.factory {factory!r}); loading it would run that code: "
+            "pass --trust-code (trust_code=True) if you trust this run directory")
+
+
+def check_trusted(spec: dict, where: str, trust: Trust = False) -> None:
+    """Refuse a spec read from a run directory whose factory the user has not vouched for.
+
+    The spec is data anyone could have written; its factory names any importable function
+    (`os:system` among them), so it is imported only on the user's word.
+    """
+    factory = spec.get("factory")
+    if factory and trust is not True and not (isinstance(trust, str) and trust == factory):
+        raise ConfigError(untrusted(where, factory))
 
 
 def output_shape(model: nn.Module, input_shape: list[int]) -> tuple[int, ...]:

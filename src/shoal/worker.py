@@ -20,7 +20,7 @@ from shoal.cluster.env import choose_device, get_dist_info, init_process_group, 
 from shoal.cluster.environments import Slurm
 from shoal.cluster.orphan import end_with_parent
 from shoal.cluster.requeue import EXIT_REQUEUED, EpochEndStop, StopRequested, requeue
-from shoal.errors import EXIT_USAGE, ShoalError, first_line
+from shoal.errors import ShoalError, first_line
 from shoal.events import JobEnd, append_event
 from shoal.jobs import load_job
 from shoal.process import end_process
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     except ShoalError as error:
         handler.record_exception(error)
         print(f"shoal worker {os.environ.get('RANK', '0')}: error: {error}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
+        return error.exit_code
     except StopRequested:
         return EXIT_REQUEUED
     except KeyboardInterrupt:

@@ -31,10 +31,11 @@ def _entry(rank: int, world_size: int, port: int, folder: str, function, args) -
         dist.destroy_process_group()
 
 
-def run_processes(function, world_size: int, *args, timeout: float = 90.0) -> list:
-    """Each rank's return value of `function(rank, world_size, *args)`; kills all on timeout."""
+def run_processes(function, world_size: int, *args, timeout: float = 90.0, entry=_entry) -> list:
+    """Each rank's return value of `function(rank, world_size, *args)`; kills all on timeout.
+    `entry` joins the process group and saves the result (`_entry`'s arguments; by default gloo)."""
     with tempfile.TemporaryDirectory() as folder:
-        context = mp.start_processes(_entry, args=(world_size, free_port(), folder, function, args),
+        context = mp.start_processes(entry, args=(world_size, free_port(), folder, function, args),
                                      nprocs=world_size, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:

@@ -34,6 +34,21 @@ CASES = {
     "bad memory size": ([], ["--set", "data.memory_per_worker='lots'"], "data.memory_per_worker: must be a size"),
     "memory budget too small": ([], ["--set", "data.memory_per_worker=1000"],
                                 "data.memory_per_worker: 1,000 bytes cannot hold"),
+    # found only in the workers once, as tracebacks that --max-restarts retried
+    "optimizer lbfgs": ([], ["--set", "train.optimizer.name='lbfgs'"],
+                        "train.optimizer.name: 'lbfgs' cannot be used: LBFGS needs a closure"),
+    "optimizer sparseadam": ([], ["--set", "train.optimizer.name='sparseadam'"],
+                             "train.optimizer.name: 'sparseadam' cannot be used"),
+    "huge timeout": ([], ["--set", "cluster.timeout=1e15"], "cluster.timeout: must be seconds from 1 to 604800"),
+    "tiny timeout": ([], ["--set", "cluster.timeout=0.0001"], "cluster.timeout: must be seconds from 1 to 604800"),
+    "huge seed": (["seed = 18446744073709551615"], [],
+                  "train.seed: must be an integer from 0 to 9223372036854775807, got 18446744073709551615"),
+    "too many threads": ([], ["--set", "cluster.threads=100000000"],
+                         "cluster.threads: must be an integer from 0 to 1024, got 100000000"),
+    "threads not an integer": ([], ["--set", "cluster.threads=1e8"], "cluster.threads: expected int, got 100000000.0"),
+    # a traceback in the launcher once (an allocation of 2.3 trillion parameters)
+    "model too large": ([], ["--set", "model.layers=[{dense = 100000000000}, {dense = 2}]"],
+                        "model.layers: the model has 2,300,000,000,002 parameters"),
 }
 
 

@@ -159,7 +159,7 @@ def test_interrupt_then_resume_gives_the_uninterrupted_weights(task, uninterrupt
     assert not list((run_dir / "checkpoints").glob(".*")), "a half-written checkpoint was left"
     assert not (run_dir / "model.pt").exists()
 
-    finished = shoal("train", "--resume", run_dir, env=project_env)
+    finished = shoal("train", "--resume", run_dir, "--trust-code", env=project_env)
     assert finished.returncode == 0, finished.stderr
     assert events(run_dir, "job_resumed")[-1]["from_epoch"] >= 2
     assert_same_weights(run_dir, uninterrupted[1])
@@ -202,7 +202,7 @@ def test_a_truncated_newest_checkpoint_is_skipped(uninterrupted, tmp_path, proje
     with pytest.warns(UserWarning, match="skipping damaged checkpoint .*rank-00001.pt"):
         found = find_latest(run_dir, world_size=2)
     assert found.epoch == EPOCHS - 1
-    finished = shoal("train", "--resume", run_dir, env=project_env)
+    finished = shoal("train", "--resume", run_dir, "--trust-code", env=project_env)
     assert finished.returncode == 0, finished.stderr
     assert events(run_dir, "job_resumed")[-1]["from_epoch"] == EPOCHS - 1
     assert_same_weights(run_dir, uninterrupted[1])
@@ -235,7 +235,7 @@ def test_a_nan_loss_stops_the_job_naming_epoch_and_step(task, tmp_path, project_
 def test_resuming_with_another_batch_size_is_refused(uninterrupted, tmp_path, project_env):
     run_dir = tmp_path / "run"
     shutil.copytree(uninterrupted[0], run_dir)
-    finished = shoal("train", "--resume", run_dir, "--set", "train.batch_size=32", env=project_env)
+    finished = shoal("train", "--resume", run_dir, "--trust-code", "--set", "train.batch_size=32", env=project_env)
     assert finished.returncode == 2
     assert "train.batch_size: the checkpoints in" in finished.stderr
     assert "(64, now 32); resume with the same one" in finished.stderr
@@ -244,7 +244,7 @@ def test_resuming_with_another_batch_size_is_refused(uninterrupted, tmp_path, pr
 def test_resuming_with_another_worker_count_is_refused(uninterrupted, tmp_path, project_env):
     run_dir = tmp_path / "run"
     shutil.copytree(uninterrupted[0], run_dir)
-    finished = shoal("train", "--resume", run_dir, "--workers", 1, env=project_env)
+    finished = shoal("train", "--resume", run_dir, "--trust-code", "--workers", 1, env=project_env)
     assert finished.returncode == 2
     assert finished.stderr.strip().endswith("resume with the same count (--workers 2 per machine for a one-machine "
                                             "job), not 1")

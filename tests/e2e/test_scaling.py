@@ -142,7 +142,7 @@ def test_a_failing_trial_stops_the_study_naming_it_and_keeps_its_run(claims_job,
     status, err = run(["bench", "scaling", str(job), "--ratios", "1:8", "--workers", "2", "--trials", "1",
                        "--out", str(out), "--no-progress"], capsys)
     run_dir = out / "runs" / "1-8" / "w2-t1"
-    assert status == 1 and err.count("\n") == 1, err
+    assert status == 2 and err.count("\n") == 1, err  # a factory's failure is the job's own: exit 2
     assert f"size 1:8, 2 workers, trial 1 (run directory {run_dir}): worker rank 1" in err
     assert "rank one refuses to build its model" in err
     assert (run_dir / "events.jsonl").exists() and not (out / "trials.csv").exists()

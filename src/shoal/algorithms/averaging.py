@@ -80,6 +80,10 @@ class ModelAveraging(CollectiveAlgorithm):
             self.average_()
             self.averaged_at = self.step_count
 
+    def holds_consensus(self) -> bool:
+        """The replicas are the mean only right after a round across all workers (or before any step)."""
+        return self.averaged_at == self.step_count
+
     def state_dict(self) -> dict:
         return {"averaged_at": self.averaged_at}
 

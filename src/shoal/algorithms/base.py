@@ -76,6 +76,11 @@ class Algorithm:
         """The model to evaluate and save: by default this rank's replica as it stands."""
         return contextlib.nullcontext(self.model)
 
+    def holds_consensus(self) -> bool:
+        """Whether `consensus()` can lend the consensus now, on this rank alone (a validation between
+        exchanges asks; the epoch's evaluation and the save come after the epoch's exchange)."""
+        return True
+
     def epoch_report(self) -> dict:
         """What this rank's algorithm has to say about the epoch just ended, for `epoch_end`."""
         return {}

@@ -7,6 +7,9 @@ server applies whichever update arrives first, so fast trainers run ahead of slo
 updates can be stale (computed on weights some versions old); `synchronous = true` makes the
 server wait for one update from every trainer and apply their mean as one step, which is
 synchronous SGD with the server's optimizer.
+
+Messages are in CPU memory (they travel over gloo); the gradient sum stays on the model's
+device, and each message is copied to or from it once.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ class Downpour(ServerAlgorithm):
 
     def setup(self, model, optimizer, comm, on_update=None) -> None:
         super().setup(model, optimizer, comm, on_update)
-        self.gradient_sum = torch.zeros(sum(p.numel() for p in self.parameters), dtype=self.update.buffer.dtype)
+        self.gradient_sum = torch.zeros(sum(p.numel() for p in self.parameters), dtype=self.update.dtype,
+                                        device=self.parameters[0].device)
         self.rows = 0
 
     def after_backward(self, rows: int) -> None:
@@ -65,7 +69,7 @@ class Downpour(ServerAlgorithm):
 
     def fill_update(self, message: Message) -> None:
         count = len(self.gradient_sum)
-        torch.div(self.gradient_sum, max(self.rows, 1), out=message.payload[:count])
+        message.payload[:count].copy_(self.gradient_sum.div_(max(self.rows, 1)))
         pack_into(message.payload[count:], self.buffers)
         message.rows = self.rows
         self.gradient_sum.zero_()
@@ -79,13 +83,13 @@ class Downpour(ServerAlgorithm):
         if len(updates) == 1:
             payload = updates[0].payload
         else:
-            combined = Message(len(self.update.payload), self.update.buffer.dtype)
+            combined = Message(len(self.update.payload), self.update.dtype)
             self.combine(updates, combined)
             payload = combined.payload
         offset = 0
         for parameter in self.parameters:
             size = parameter.numel()
-            parameter.grad = payload[offset : offset + size].view_as(parameter).clone()
+            parameter.grad = payload[offset : offset + size].view_as(parameter).to(parameter.device, copy=True)
             offset += size
         self.optimizer.step()
         with torch.no_grad():

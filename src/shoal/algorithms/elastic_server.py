@@ -7,6 +7,9 @@ trainer moves to x_i - d. Trainers meet the server whenever they are ready, not 
 a slow one never holds up the others. The server's model is the centre: it is what the
 coordinator evaluates, checkpoints and saves. (`synchronous = true` is the collective variant
 in `elastic.py`; groups exist there only.)
+
+Messages are in CPU memory (they travel over gloo); the server computes the difference and the
+velocity on the model's device, and each message is copied to or from it once.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ class AsynchronousElasticAveraging(ServerAlgorithm):
 
     def setup(self, model, optimizer, comm, on_update=None) -> None:
         super().setup(model, optimizer, comm, on_update)
-        self.velocity = torch.zeros(len(self.reply.payload), dtype=self.reply.buffer.dtype)
+        device = self.parameters[0].device
+        self.difference = torch.zeros(len(self.reply.payload), dtype=self.reply.dtype, device=device)
+        self.velocity = torch.zeros_like(self.difference)
 
     def fill_update(self, message: Message) -> None:
         with torch.no_grad():
@@ -57,17 +62,17 @@ class AsynchronousElasticAveraging(ServerAlgorithm):
             offset = 0
             for parameter in self.parameters:
                 size = parameter.numel()
-                parameter.sub_(message.payload[offset : offset + size].view_as(parameter))
+                parameter.sub_(message.payload[offset : offset + size].view_as(parameter).to(parameter.device))
                 offset += size
 
     def apply(self, updates: list[Message]) -> None:
         """d = alpha * (x_i - centre) into the reply; the centre moves by d (or by its velocity)."""
         (message,) = updates
-        count = len(self.reply.payload)
-        difference = self.reply.payload
+        difference = self.difference
+        count = len(difference)
         with torch.no_grad():
             pack_into(difference, self.parameters)  # the centre, for now
-            torch.sub(message.payload[:count], difference, out=difference)
+            torch.sub(message.payload[:count].to(difference.device), difference, out=difference)
             difference.mul_(self.options.elastic_force)
             if self.options.momentum:
                 self.velocity.mul_(self.options.momentum).add_(difference)
@@ -80,6 +85,7 @@ class AsynchronousElasticAveraging(ServerAlgorithm):
                 parameter.add_(step[offset : offset + size].view_as(parameter))
                 offset += size
             unpack_from(message.payload[count:], self.buffers)  # batch-norm statistics: the latest trainer's
+            self.reply.payload.copy_(difference)
 
     def fill_reply(self, message: Message, started_from: int) -> None:
         """`apply` has already written the difference into the reply."""

@@ -91,7 +91,7 @@ class ServerAlgorithm(Algorithm, abc.ABC):
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.kind = self.role(comm.rank, comm.world_size)
         self.upstream, self.clients = self.links(comm.rank, comm.world_size)
-        dtype = self.parameters[0].dtype
+        dtype = self.parameters[0].dtype  # messages in CPU memory whatever the model's device: gloo carries them
         self.update = Message(sum(p.numel() for p in self.parameters + self.buffers), dtype)
         self.reply = Message(sum(p.numel() for p in self.parameters), dtype)
 
@@ -128,7 +128,6 @@ class ServerAlgorithm(Algorithm, abc.ABC):
             for _ in range(self.rounds_per_epoch):
                 self.relay_round()
             return
-        expected = self.rounds_per_epoch * len(self.clients)
         if self.synchronous:
             for _ in range(self.rounds_per_epoch):
                 arrived = [self.receive_update() for _ in self.clients]
@@ -137,18 +136,18 @@ class ServerAlgorithm(Algorithm, abc.ABC):
                 for source, message in arrived:
                     self.answer(source, message.version)
         else:
-            for _ in range(expected):
+            for _ in range(self.updates_per_epoch()):
                 source, message = self.receive_update(copy=False)
                 self.apply_round([message])
                 self.answer(source, message.version)
 
+    def updates_per_epoch(self) -> int:
+        """The updates the top server applies in an epoch (a synchronous round's are one)."""
+        return self.rounds_per_epoch * (1 if self.synchronous else len(self.clients))
+
     def receive_update(self, copy: bool = True) -> tuple[int, Message]:
         source = self.comm.receive(self.update.buffer, None, messages.UPDATE)
-        if not copy:
-            return source, self.update
-        message = Message(len(self.update.payload), self.update.buffer.dtype)
-        message.buffer.copy_(self.update.buffer)
-        return source, message
+        return source, (self.update.copy() if copy else self.update)
 
     def apply_round(self, updates: list[Message]) -> None:
         """Apply one round's updates, count the version and the staleness of each."""

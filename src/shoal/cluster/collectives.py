@@ -3,15 +3,22 @@
 Parameters and gradients travel as one buffer per collective, not one message per tensor:
 with many small layers that is the difference between one latency and hundreds. A world of
 one skips communication entirely, so one worker is plain training at no cost.
+
+Point-to-point messages (the parameter servers') go over the group `message_group()` names:
+the default group under gloo, a gloo group of all ranks beside it under NCCL, which cannot
+receive from any source.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from shoal.errors import ShoalError
 
 
 def pack_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> int:
@@ -32,6 +39,40 @@ def unpack_from(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> int:
         tensor.copy_(flat[offset : offset + size].view_as(tensor))
         offset += size
     return offset
+
+
+_messages: tuple[dist.ProcessGroup, dist.ProcessGroup | None] | None = None
+"""(the default group, the group its messages go over), set by `open_message_group`."""
+
+
+def open_message_group(timeout: timedelta | None = None) -> dist.ProcessGroup | None:
+    """Choose, once per default group, the group that carries point-to-point messages.
+
+    A parameter server takes whichever update comes first (receive from any source): gloo does
+    that and NCCL does not, so under any backend but gloo the messages go over a gloo group of all
+    ranks, in CPU memory. Collective: every rank calls it right after joining the default group.
+    Returns the group (None: the default group itself).
+    """
+    global _messages
+    if not dist.is_initialized():  # nothing joined: no messages to carry
+        return None
+    default = dist.group.WORLD
+    if _messages is None or _messages[0] is not default:
+        separate = dist.get_backend() != dist.Backend.GLOO
+        _messages = (default, dist.new_group(backend=dist.Backend.GLOO, timeout=timeout) if separate else None)
+    return _messages[1]
+
+
+def message_group() -> dist.ProcessGroup | None:
+    """The group point-to-point messages go over (None: the default group); see `open_message_group`."""
+    if not dist.is_initialized():
+        return None
+    if _messages is not None and _messages[0] is dist.group.WORLD:
+        return _messages[1]
+    if dist.get_backend() == dist.Backend.GLOO:
+        return None
+    raise ShoalError(f"point-to-point messages under {dist.get_backend()} need a gloo group: call "
+                     "shoal.cluster.collectives.open_message_group() on every rank after joining the process group")
 
 
 class FlatBuffer:
@@ -132,15 +173,16 @@ class Communicator:
         return holder[0]
 
     def send(self, tensor: torch.Tensor, destination: int, tag: int) -> None:
-        """Point-to-point: `tensor` to world rank `destination`, as a message of kind `tag`."""
+        """Point-to-point: `tensor` (in CPU memory) to world rank `destination`, as a message of kind `tag`."""
         start = time.perf_counter()
-        dist.send(tensor, dst=destination, tag=tag)
+        dist.send(tensor, dst=destination, tag=tag, group=message_group())
         self.seconds += time.perf_counter() - start
 
     def receive(self, tensor: torch.Tensor, source: int | None, tag: int) -> int:
-        """Point-to-point: a message of kind `tag` into `tensor`, from world rank `source` or any; the sender."""
+        """Point-to-point: a message of kind `tag` into `tensor` (in CPU memory), from world rank `source` or
+        any; the sender."""
         start = time.perf_counter()
-        sender = dist.recv(tensor, src=source, tag=tag)
+        sender = dist.recv(tensor, src=source, tag=tag, group=message_group())
         self.seconds += time.perf_counter() - start
         return sender
 

@@ -17,6 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from shoal.cluster.collectives import open_message_group
 from shoal.cluster.environments import TorchElastic, detect
 from shoal.cluster.environments.mpi import MPI_LAUNCHERS, agree_master
 from shoal.cluster.interface import choose_interface
@@ -63,7 +64,8 @@ def get_dist_info(environ: Mapping[str, str] = os.environ) -> DistInfo:
 
 
 def init_process_group(info: DistInfo, device: torch.device, timeout: float) -> DistInfo:
-    """Join the job's process group: NCCL on CUDA, gloo on CPU, rendezvous at rank 0's store.
+    """Join the job's process group: NCCL on CUDA, gloo on CPU, rendezvous at rank 0's store (and, under
+    NCCL, a gloo group beside it for the parameter servers' messages: `open_message_group`).
     Returns `info` with the attempt (`restarts`) every rank agreed on."""
     if info.world_size == 1 or dist.is_initialized():  # alone: torchrun's own count is the job's
         return dataclasses.replace(info, restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
@@ -90,6 +92,7 @@ def init_process_group(info: DistInfo, device: torch.device, timeout: float) -> 
         device_id=device if device.type == "cuda" else None,
         **store,
     )
+    open_message_group(timedelta(seconds=timeout))  # NCCL's job: the servers' messages over gloo
     return dataclasses.replace(info, restarts=attempt)
 
 

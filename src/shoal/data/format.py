@@ -6,7 +6,11 @@ fixed-size binary value of little-endian numbers in its own dtype: uint8 images 
 and `label` (the label as it appeared in the source), and a `meta.json` that records rows,
 sample shape, dtypes, classes and the row count of every file and row group. The row counts
 let each worker open only the row groups that hold its rows. Writers build the folder under a
-temporary name and rename it at the end, so an interrupted write leaves no dataset behind.
+temporary name and rename it at the end, so an interrupted write leaves no dataset behind; the
+temporary name carries its owner, so one left by a killed writer goes at the next write to
+the same folder (see `shoal.data.leftovers`). Reads from a store are retried when they fail in
+a way that may pass (`shoal.data.retry`), and reads for training refuse NaN and infinity,
+naming the file and row, before they can turn into a NaN loss or NaN metrics.
 
 Version 1 stored features as a fixed-size list column; Parquet decodes lists through two
 levels per value, which made loading ~6x slower and ~5x larger in memory than one binary
@@ -20,7 +24,6 @@ import json
 import math
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,21 +33,24 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from shoal.data import leftovers
+from shoal.data.meta import FORMAT_NAME, FORMAT_VERSION, check_meta, number_dtype
+from shoal.data.retry import TRIES, gave_up, pause, retried, transient
+from shoal.durable import replace_durably, write_text_durably
 from shoal.errors import DataError
 
-FORMAT_NAME = "shoal.dataset"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
 ROW_GROUP_BYTES = 16 * 2**20  # the unit a worker reads: small enough to bound memory, large enough to stream
 META_FILE = "meta.json"
 MAX_CLASSES = 10_000
 
 
-def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem and in-filesystem path for a local path or a URI."""
+def _filesystem(path: str, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem and in-filesystem path for a local path or a URI (or a path in `filesystem`)."""
+    if filesystem is not None:
+        return filesystem, path
     if "://" in path:
         try:
-            return pafs.FileSystem.from_uri(path)
+            return retried(lambda: pafs.FileSystem.from_uri(path), path)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as error:
             raise DataError(f"{path}: cannot open dataset store: {error}") from None
     return pafs.LocalFileSystem(), os.path.abspath(path)
@@ -62,17 +68,17 @@ class FileInfo:
 class Dataset:
     """An opened dataset: its metadata, and reads of any row range."""
 
-    def __init__(self, path: str, meta: dict[str, Any]):
+    def __init__(self, path: str, meta: dict[str, Any], filesystem: pafs.FileSystem | None = None):
         self.path = path
         self.meta = meta
         self.rows: int = meta["rows"]
         self.shape: tuple[int, ...] = tuple(meta["shape"])
         self.features: int = math.prod(self.shape)
-        self.feature_dtype = np.dtype(meta["feature_dtype"])
+        self.feature_dtype = number_dtype(meta["feature_dtype"], f"{path}/{META_FILE}")
         self.classes: list | None = meta.get("classes")
         self.feature_names: list[str] | None = meta.get("feature_names")
         self.files = [FileInfo(f["name"], f["rows"], tuple(f["row_groups"])) for f in meta["files"]]
-        self._filesystem, self._root = _filesystem(path)
+        self._filesystem, self._root = _filesystem(path, filesystem)
         self.opened: list[tuple[str, int]] = []  # (file, row group) pairs read, for tests and stats
 
     @property
@@ -88,7 +94,7 @@ class Dataset:
         digest = hashlib.sha256(json.dumps(self.meta, sort_keys=True).encode())
         paths = [f"{self._root}/{info.name}" for info in self.files]
         try:
-            stats = self._filesystem.get_file_info(paths)
+            stats = retried(lambda: self._filesystem.get_file_info(paths), self.path)
         except (OSError, pa.ArrowException) as error:
             raise DataError(f"{self.path}: cannot list the dataset's files: {error}") from None
         for info, stat in zip(self.files, stats, strict=True):
@@ -116,49 +122,78 @@ class Dataset:
         return index.astype(np.int64)
 
     def read_rows(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Features (stop-start, *shape) in their stored dtype and class indices of rows [start, stop)."""
+        """Features (stop-start, *shape) in their stored dtype and class indices of rows [start, stop).
+
+        These rows are trained or evaluated on: a NaN or infinite value is a `DataError`.
+        """
         features = np.empty((stop - start, *self.shape), dtype=self.feature_dtype)
         flat = features.reshape(stop - start, self.features)
         labels: list[np.ndarray] = []
-        for position, block, label in self.iter_rows(start, stop):
+        for position, block, label in self.iter_rows(start, stop, finite=True):
             flat[position : position + len(block)] = block
             labels.append(label)
         raw = np.concatenate(labels) if labels else np.empty(0)
         return features, self.label_indices(raw, f"{self.path}")
 
     def iter_rows(
-        self, start: int, stop: int, max_rows: int | None = None
+        self, start: int, stop: int, max_rows: int | None = None, *, finite: bool = False
     ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """Rows [start, stop) in pieces: (position in the range, flat features, raw labels).
 
         Only the row groups that overlap the range are read. With `max_rows`, a row group is
         read in batches of at most that many rows, so memory stays bounded by the batch, not
-        the row group.
+        the row group. With `finite`, a NaN or infinity among the features (or a regression
+        target) is a `DataError` naming the file and the row.
         """
         if not 0 <= start <= stop <= self.rows:
             raise ValueError(f"row range [{start}, {stop}) outside 0..{self.rows}")
-        offset = 0  # first row of the current row group, dataset-wide
+        first = 0  # dataset row of the current file's first row
         for info in self.files:
-            if offset + info.rows <= start or offset >= stop:
-                offset += info.rows
-                continue
-            file_path = f"{self._root}/{info.name}"
+            lo, hi = max(start, first), min(stop, first + info.rows)
+            if lo < hi:
+                for row, block, label in self._read_file(info, first, lo, hi, max_rows):
+                    if finite:
+                        self._check_finite(info, first, row, block, label)
+                    yield row - start, block, label
+            first += info.rows
+
+    def _read_file(
+        self, info: FileInfo, first: int, lo: int, hi: int, max_rows: int | None
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Rows [lo, hi) of the file whose first row is dataset row `first`: (dataset row, features, labels).
+
+        A transient store error opens the file again and goes on from the first row not yet
+        given, after a pause; `TRIES` failures in a row are a `DataError`.
+        """
+        where, failures = f"{self.path}/{info.name}", 0
+        while True:
             try:
-                with self._filesystem.open_input_file(file_path) as handle:
+                with self._filesystem.open_input_file(f"{self._root}/{info.name}") as handle:
                     parquet = pq.ParquetFile(handle)
+                    group_first = first
                     for group, group_rows in enumerate(info.row_groups):
-                        lo, hi = max(start, offset), min(stop, offset + group_rows)
-                        if lo < hi:
+                        a, b = max(lo, group_first), min(hi, group_first + group_rows)
+                        if a < b:
                             self.opened.append((info.name, group))
-                            yield from self._read_group(parquet, group, offset, lo, hi, start, max_rows)
-                        offset += group_rows
-            except (OSError, pa.ArrowException, ValueError) as error:
-                raise DataError(f"{self.path}/{info.name}: cannot read Parquet file: {error}") from None
+                            for row, block, label in self._read_group(parquet, group, group_first, a, b, max_rows):
+                                yield row, block, label
+                                lo, failures = row + len(block), 0
+                        group_first += group_rows
+                return
+            except OSError as error:
+                failures += 1
+                if not transient(error):
+                    raise DataError(f"{where}: cannot read Parquet file: {error}") from None
+                if failures >= TRIES:
+                    raise gave_up(where, error) from None
+                pause(failures)
+            except (pa.ArrowException, ValueError) as error:
+                raise DataError(f"{where}: cannot read Parquet file: {error}") from None
 
     def _read_group(
-        self, parquet: pq.ParquetFile, group: int, offset: int, lo: int, hi: int, start: int, max_rows: int | None
+        self, parquet: pq.ParquetFile, group: int, offset: int, lo: int, hi: int, max_rows: int | None
     ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Rows [lo, hi) of the row group that begins at dataset row `offset`."""
+        """Rows [lo, hi) of the row group that begins at dataset row `offset`: (dataset row, features, labels)."""
         if max_rows is None:
             tables = iter([parquet.read_row_group(group, columns=["features", "label"])])
         else:
@@ -171,10 +206,19 @@ class Dataset:
             if a < b:
                 block = self._feature_block(table.column("features"), count)
                 label = column_values(table.column("label"))
-                yield a - start, block[a - first : b - first], label[a - first : b - first]
+                yield a, block[a - first : b - first], label[a - first : b - first]
             first += count
             if first >= hi:
                 break
+
+    def _check_finite(self, info: FileInfo, first: int, row: int, block: np.ndarray, label: np.ndarray) -> None:
+        """Refuse a piece of rows (the first at dataset row `row`) holding a NaN or infinity."""
+        for values, what in ((block, "feature"), (label if self.classes is None else None, "label")):
+            bad = first_non_finite(values)
+            if bad is not None:
+                at, value = row + bad[0], bad[1]
+                raise DataError(f"{self.path}/{info.name}: row {at} of the dataset (row {at - first} of the file) "
+                                f"holds a non-finite {what} ({value}): fix or drop it at the source and import again")
 
     def _feature_block(self, column: pa.Array | pa.ChunkedArray, count: int) -> np.ndarray:
         """(count, features) in the stored dtype, without a copy where the column allows."""
@@ -207,45 +251,53 @@ def column_values(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return np.frombuffer(column.buffers()[1], dtype=dtype, count=len(column), offset=column.offset * dtype.itemsize)
 
 
-def open_dataset(path: str) -> Dataset:
-    """Open a dataset folder, checking `meta.json`; errors name the file at fault."""
+def first_non_finite(values: np.ndarray | None) -> tuple[int, float] | None:
+    """(row, value) of the first NaN or infinity in a (rows, ...) array; None when there is none.
+
+    One vectorized pass over the piece just read; integers and booleans cannot hold either.
+    """
+    if values is None or values.dtype.kind not in "fc" or not len(values):
+        return None
+    finite = np.isfinite(values).reshape(len(values), -1)
+    if finite.all():
+        return None
+    row = int(np.flatnonzero(~finite.all(axis=1))[0])
+    return row, float(values.reshape(len(values), -1)[row][~finite[row]][0])
+
+
+def open_dataset(path: str, filesystem: pafs.FileSystem | None = None) -> Dataset:
+    """Open a dataset folder, checking `meta.json`; errors name the file (and key) at fault.
+
+    `filesystem`, a pyarrow filesystem, reads `path` inside it instead of the store a URI names.
+    """
     path = str(path)
-    filesystem, root = _filesystem(path)
-    meta_path = f"{root}/{META_FILE}"
-    info = filesystem.get_file_info(root)
+    store, root = _filesystem(path, filesystem)
+    try:
+        info = retried(lambda: store.get_file_info(root), path)
+    except OSError as error:
+        raise DataError(f"{path}: cannot open the dataset: {error}") from None
     if info.type == pafs.FileType.NotFound:
         raise DataError(f"{path}: dataset not found")
     if info.type != pafs.FileType.Directory:
         raise DataError(f"{path}: not a dataset folder (import data with 'shoal data import')")
+    where = f"{path}/{META_FILE}"
     try:
-        with filesystem.open_input_stream(meta_path) as stream:
-            meta = json.loads(stream.read().decode("utf-8"))
+        content = retried(lambda: _read_whole(store, f"{root}/{META_FILE}"), where)
     except FileNotFoundError:
-        raise DataError(f"{path}/{META_FILE}: missing (import data with 'shoal data import')") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DataError(f"{path}/{META_FILE}: corrupt: {error}") from None
-    _check_meta(meta, f"{path}/{META_FILE}")
-    return Dataset(path, meta)
+        raise DataError(f"{where}: missing (import data with 'shoal data import')") from None
+    except OSError as error:
+        raise DataError(f"{where}: cannot read: {error}") from None
+    try:
+        meta = json.loads(content.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise DataError(f"{where}: corrupt: {error}") from None
+    check_meta(meta, where)
+    return Dataset(path, meta, filesystem)
 
 
-def _check_meta(meta: Any, where: str) -> None:
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise DataError(f"{where}: not a shoal dataset description")
-    if meta.get("version") not in READABLE_VERSIONS:
-        raise DataError(f"{where}: unsupported format version {meta.get('version')!r}")
-    for key, kind in (("rows", int), ("shape", list), ("feature_dtype", str), ("files", list)):
-        if not isinstance(meta.get(key), kind):
-            raise DataError(f"{where}: key '{key}' missing or not a {kind.__name__}")
-    if meta["rows"] <= 0:
-        raise DataError(f"{where}: the dataset is empty")
-    if sum(f.get("rows", 0) for f in meta["files"]) != meta["rows"]:
-        raise DataError(f"{where}: file row counts do not add up to 'rows'")
-    for entry in meta["files"]:
-        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and isinstance(entry.get("rows"), int)
-                and isinstance(entry.get("row_groups"), list)):
-            raise DataError(f"{where}: each file entry needs 'name', 'rows' and 'row_groups'")
-        if sum(entry.get("row_groups", [])) != entry.get("rows"):
-            raise DataError(f"{where}: row groups of {entry.get('name')!r} do not add up to its rows")
+def _read_whole(filesystem: pafs.FileSystem, path: str) -> bytes:
+    with filesystem.open_input_stream(path) as stream:
+        return stream.read()
 
 
 class DatasetWriter:
@@ -286,10 +338,6 @@ class DatasetWriter:
         self.feature_names = feature_names
         self.extra_meta = extra_meta or {}
         self.overwrite = overwrite
-        parent = os.path.dirname(self.path)
-        os.makedirs(parent, exist_ok=True)
-        self._temporary = os.path.join(parent, f".{os.path.basename(self.path)}.{uuid.uuid4().hex[:8]}.tmp")
-        os.makedirs(self._temporary)
         self._files: list[dict[str, Any]] = []
         self._writer: pq.ParquetWriter | None = None
         self._file_rows = 0
@@ -303,6 +351,12 @@ class DatasetWriter:
             self.classification = True
             self._labels = set(classes)
         self.rows = 0
+        parent, name = os.path.split(self.path)  # last: nothing above may fail once the folder exists
+        os.makedirs(parent, exist_ok=True)
+        leftovers.sweep(parent, f".{name}.")  # what killed writers left here
+        self._temporary = os.path.join(parent, leftovers.owned_name(f".{name}"))
+        os.makedirs(self._temporary)
+        leftovers.remove_on_stop(self._temporary)
 
     def __enter__(self) -> DatasetWriter:
         return self
@@ -416,14 +470,14 @@ class DatasetWriter:
             "files": self._files,
             **self.extra_meta,
         }
-        with open(os.path.join(self._temporary, META_FILE), "w") as handle:
-            json.dump(meta, handle, indent=1)
+        write_text_durably(os.path.join(self._temporary, META_FILE), json.dumps(meta, indent=1))
         if os.path.exists(self.path):
             if not self.overwrite:
                 self.abort()
                 raise DataError(f"{self.path}: already exists (choose another output folder)")
             shutil.rmtree(self.path)
-        os.rename(self._temporary, self.path)
+        replace_durably(self._temporary, self.path)  # every file on disk before the dataset counts
+        leftovers.release(self._temporary)
 
     def abort(self) -> None:
         """Drop everything written so far."""
@@ -431,3 +485,4 @@ class DatasetWriter:
             self._writer.close()
             self._writer = None
         shutil.rmtree(self._temporary, ignore_errors=True)
+        leftovers.release(self._temporary)

@@ -1,13 +1,19 @@
 """The trained model in a run directory: saving, loading and predicting with it.
 
-`model.pt` holds the weights together with the model spec, the loss and the classes, so a run
-directory alone is enough to rebuild the module and turn its outputs into labels. It is
-written under a temporary name and renamed, and read with `weights_only=True`.
+`model.pt` holds the weights together with the model spec, the loss, the classes and what the
+training set's rows look like (`shoal.data.compatible.schema`), so a run directory alone is
+enough to rebuild the module, check a dataset against it and turn its outputs into labels. It is
+written durably under a temporary name, and read with `weights_only=True`.
+
+A run directory is data: anyone may have written it. A model built by code (`model.factory`)
+is rebuilt only when the user trusts that code (`trust_code`), and predictions never replace a
+file unasked, nor one inside the run directory.
 """
 
 from __future__ import annotations
 
-import os
+import math
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -16,57 +22,127 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import torch
 
-from shoal.data.format import open_dataset
+from shoal.data.compatible import check_compatible, schema
+from shoal.data.format import Dataset, open_dataset
 from shoal.data.loader import feature_scale
-from shoal.errors import DataError, ShoalError
-from shoal.model import build_model
+from shoal.durable import replace_durably
+from shoal.errors import ConfigError, DataError, ShoalError, first_line
+from shoal.model import Trust, build_model, check_trusted
 from shoal.train.objective import Objective
 
 MODEL_FILE = "model.pt"
+TRAINING_SET = "training_set"  # model.pt's key for the training set's schema
 
 
 def save_model(run_dir: str | Path, model: torch.nn.Module, spec: dict, objective: Objective,
-               classes: list | None, feature_dtype: str) -> Path:
+               classes: list | None, feature_dtype: str, *, training_set: Dataset | None = None) -> Path:
+    """Write model.pt; with `training_set`, also what a dataset must match to be predicted."""
     path = Path(run_dir) / MODEL_FILE
     temporary = path.with_suffix(".pt.tmp")
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    torch.save({"spec": spec, "state_dict": state, "loss": objective.loss, "classes": classes,
-                "feature_dtype": feature_dtype}, temporary)
-    os.replace(temporary, path)
+    content = {"spec": spec, "state_dict": state, "loss": objective.loss, "classes": classes,
+               "feature_dtype": feature_dtype}
+    if training_set is not None:
+        content[TRAINING_SET] = schema(training_set)
+    torch.save(content, temporary)
+    replace_durably(temporary, path)
     return path
 
 
 def load_artifact(run_dir: str | Path) -> dict:
+    """model.pt's content, as data: nothing in it is imported or run."""
     path = Path(run_dir) / MODEL_FILE
     if not path.exists():
         raise ShoalError(f"{path}: no trained model (did the job finish?)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        artifact = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several kinds for a damaged file
-        raise ShoalError(f"{path}: cannot load model: {error}") from None
+        raise ShoalError(f"{path}: cannot load model: {first_line(error)}") from None
+    if not (isinstance(artifact, dict) and isinstance(artifact.get("spec"), dict)
+            and isinstance(artifact.get("state_dict"), dict)):
+        raise ShoalError(f"{path}: not a shoal model file (no model spec and weights)")
+    return artifact
 
 
-def load_model(run_dir: str | Path) -> torch.nn.Module:
-    """The trained module of a run, in eval mode, on the CPU."""
-    artifact = load_artifact(run_dir)
-    model = build_model(artifact["spec"])
-    model.load_state_dict(artifact["state_dict"])
+def rebuild(artifact: dict, path: Path, trust: Trust = False) -> torch.nn.Module:
+    """The module of a loaded model.pt, in eval mode; its factory is imported only if trusted."""
+    spec = artifact["spec"]
+    check_trusted(spec, str(path), trust)
+    try:
+        model = build_model(spec)
+        model.load_state_dict(artifact["state_dict"])
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+    except (KeyError, TypeError, RuntimeError) as error:  # a spec or weights that do not fit together
+        raise ShoalError(f"{path}: cannot rebuild the model: {first_line(error)}") from None
     return model.eval()
 
 
-@torch.no_grad()
-def predict(run_dir: str | Path, dataset_path: str, out: str | Path, batch_size: int = 8192) -> int:
-    """Write one row per sample (prediction, class probabilities, true label) to Parquet or CSV."""
-    artifact = load_artifact(run_dir)
-    model = build_model(artifact["spec"])
-    model.load_state_dict(artifact["state_dict"])
-    model.eval()
+def load_model(run_dir: str | Path, *, trust_code: Trust = False) -> torch.nn.Module:
+    """The trained module of a run, in eval mode, on the CPU.
+
+    A model built by a factory imports and runs code named in the run directory: it is refused
+    unless `trust_code` is True (or the name of that very factory).
+    """
+    return rebuild(load_artifact(run_dir), Path(run_dir) / MODEL_FILE, trust_code)
+
+
+def check_dataset(artifact: dict, dataset: Dataset, path: Path) -> None:
+    """The dataset must hold rows like the training set's, as far as model.pt says (older files say less)."""
+    reference = {"feature_dtype": artifact["feature_dtype"]} if isinstance(artifact.get("feature_dtype"), str) else {}
+    stored = artifact.get(TRAINING_SET)
+    if stored is not None:
+        if not (isinstance(stored, dict) and isinstance(stored.get("feature_dtype"), str)
+                and isinstance(stored.get("shape"), list)):
+            raise ShoalError(f"{path}: '{TRAINING_SET}' is damaged (expected feature_dtype and shape)")
+        reference |= stored
+    check_compatible(dataset, reference, f"the model's training set ({path})")
+    input_shape = artifact["spec"].get("input")
+    if not isinstance(input_shape, list) or not all(isinstance(size, int) for size in input_shape):
+        raise ShoalError(f"{path}: the model spec has no input shape")
+    if dataset.features != math.prod(input_shape):
+        raise DataError(f"{dataset.path}: {dataset.features} features, but the model takes {input_shape}")
+
+
+def check_out(run_dir: str | Path, out: str | Path, overwrite: bool) -> Path:
+    """Where predictions may go: not inside the run directory, and over an existing file only when asked."""
+    out = Path(out)
+    run = Path(run_dir).resolve()
+    if out.resolve() == run or out.resolve().is_relative_to(run):
+        raise ShoalError(f"{out}: inside the run directory {run_dir}; write predictions elsewhere "
+                         "(a run's files are never replaced, --overwrite or not)")
+    if not out.parent.is_dir():
+        raise ShoalError(f"--out: folder {out.parent} does not exist")
+    if out.is_dir():
+        raise ShoalError(f"{out}: a folder; --out names the predictions file (.parquet or .csv)")
+    if not overwrite and (out.exists() or out.is_symlink()):
+        raise ShoalError(f"{out}: already exists; pass --overwrite (overwrite=True) to replace it")
+    return out
+
+
+def write_predictions(table: pa.Table, out: Path, overwrite: bool) -> None:
+    """Write whole under a temporary name, then rename: a failed write leaves the old file, or none."""
+    temporary = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        if out.suffix == ".csv":
+            pacsv.write_csv(table, temporary)
+        else:
+            pq.write_table(table, temporary)
+        if not overwrite and (out.exists() or out.is_symlink()):  # appeared while predicting
+            raise ShoalError(f"{out}: already exists; pass --overwrite (overwrite=True) to replace it")
+        replace_durably(temporary, out)
+    except (OSError, pa.ArrowException) as error:
+        raise ShoalError(f"{out}: cannot write predictions: {first_line(error)}") from None
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def prediction_columns(model: torch.nn.Module, artifact: dict, dataset: Dataset, batch_size: int
+                       ) -> dict[str, np.ndarray]:
+    """One row per sample: the prediction, each class's probability, the true label."""
     classes = artifact["classes"]
     objective = Objective(artifact["loss"], None if classes is None else len(classes))
-    dataset = open_dataset(dataset_path)
     input_shape = artifact["spec"]["input"]
-    if dataset.features != int(np.prod(input_shape)):
-        raise DataError(f"{dataset_path}: {dataset.features} features, but the model takes {input_shape}")
     features, labels = dataset.read_all()
     scale = feature_scale(features.dtype)
     predicted, probabilities = [], []
@@ -79,29 +155,32 @@ def predict(run_dir: str | Path, dataset_path: str, out: str | Path, batch_size:
             probabilities.append(probability.numpy())
     columns: dict[str, np.ndarray] = {}
     predicted_index = np.concatenate(predicted)
-    if classes is not None:
-        names = np.asarray(classes)
-        columns["prediction"] = names[predicted_index]
-        stacked = np.concatenate(probabilities)
-        for index, name in enumerate(classes):
-            columns[f"probability_{name}"] = stacked[:, index]
-        if dataset.classes is not None:
-            columns["label"] = np.asarray(dataset.classes)[labels]
-    else:
-        columns["prediction"] = predicted_index
-        columns["label"] = labels
-    table = pa.table(columns)
-    out = Path(out)
-    if not out.parent.is_dir():
-        raise ShoalError(f"--out: folder {out.parent} does not exist")
-    temporary = out.with_name(f".{out.name}.tmp")
-    try:
-        if out.suffix == ".csv":
-            pacsv.write_csv(table, temporary)
-        else:
-            pq.write_table(table, temporary)
-        os.replace(temporary, out)
-    except OSError as error:
-        temporary.unlink(missing_ok=True)
-        raise ShoalError(f"{out}: cannot write predictions: {error}") from None
-    return len(features)
+    if classes is None:
+        return {"prediction": predicted_index, "label": labels}
+    columns["prediction"] = np.asarray(classes)[predicted_index]
+    stacked = np.concatenate(probabilities)
+    for index, name in enumerate(classes):
+        columns[f"probability_{name}"] = stacked[:, index]
+    if dataset.classes is not None:
+        columns["label"] = np.asarray(dataset.classes)[labels]
+    return columns
+
+
+@torch.no_grad()
+def predict(run_dir: str | Path, dataset_path: str, out: str | Path, batch_size: int = 8192, *,
+            overwrite: bool = False, trust_code: Trust = False) -> int:
+    """Write one row per sample (prediction, class probabilities, true label) to Parquet or CSV.
+
+    The dataset must match the model's training set (dtype, shape, feature names, encoding);
+    `out` is replaced only with `overwrite`, and never lies inside the run directory. A model
+    built by a factory runs code from the run directory: refused unless `trust_code`.
+    """
+    out = check_out(run_dir, out, overwrite)
+    path = Path(run_dir) / MODEL_FILE
+    artifact = load_artifact(run_dir)
+    check_trusted(artifact["spec"], str(path), trust_code)
+    dataset = open_dataset(dataset_path)
+    check_dataset(artifact, dataset, path)
+    model = rebuild(artifact, path, trust_code)
+    write_predictions(pa.table(prediction_columns(model, artifact, dataset, batch_size)), out, overwrite)
+    return dataset.rows

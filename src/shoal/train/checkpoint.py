@@ -4,7 +4,11 @@
 algorithm and step count and its random-generator states) and `coordinator.pt` (the epoch, the
 world size and what the coordinator needs to go on). The folder is assembled under a hidden
 temporary name and renamed only when every file is in it, so a writer that dies leaves the
-previous checkpoint valid. All files are read with `torch.load(weights_only=True)`.
+previous checkpoint valid. Every file and the folder are flushed to disk before the rename and
+the parent folder after it; a folder of the same epoch already there is renamed aside and removed,
+like the checkpoints past `keep`, only once the new one is on disk. Checkpoints are ordered by the
+epoch number in their names, not by the names themselves. All files are read with
+`torch.load(weights_only=True)`.
 
 On a cluster the run directory may be one folder shared by every machine or each machine's own:
 each rank writes its file into the folder it sees. A marker file rank 0 leaves at the start
@@ -15,8 +19,10 @@ epoch every rank holds, agreed over the process group.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
+import re
 import shutil
 import uuid
 import warnings
@@ -27,10 +33,14 @@ import numpy as np
 import torch
 
 from shoal.cluster.collectives import Communicator
-from shoal.errors import ConfigError
+from shoal.data.format import META_FILE, Dataset
+from shoal.durable import sync_folder, sync_tree
+from shoal.errors import ConfigError, DataError
 
 CHECKPOINTS = "checkpoints"
 COORDINATOR_FILE = "coordinator.pt"
+FOLDER = re.compile(r"epoch-(\d+)")
+ASIDE = re.compile(r"\.epoch-(\d+)\.old")  # a folder of the same epoch, renamed while its successor is written
 
 
 def folder_name(epoch: int) -> str:
@@ -41,10 +51,31 @@ def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
 
 
+def aside_name(epoch: int) -> str:
+    return f".{folder_name(epoch)}.old"
+
+
+def checkpoint_folders(run_dir: Path) -> list[tuple[int, Path]]:
+    """(epoch, folder) of every checkpoint, newest first by number (epoch 100000 comes after 99999).
+
+    A folder renamed aside while its epoch was written again stands for its epoch when the new
+    one never arrived (the writer died between the two renames)."""
+    folders: dict[int, Path] = {}
+    aside: dict[int, Path] = {}
+    for path in (Path(run_dir) / CHECKPOINTS).glob("*epoch-*"):
+        if match := FOLDER.fullmatch(path.name):
+            folders[int(match[1])] = path
+        elif match := ASIDE.fullmatch(path.name):
+            aside[int(match[1])] = path
+    return sorted({**aside, **folders}.items(), reverse=True)
+
+
 def _save(value: dict, path: Path) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    torch.save(value, temporary)
-    os.replace(temporary, path)
+    """Write one file of a checkpoint folder still under its temporary name, flushed to disk."""
+    with open(path, "wb") as handle:
+        torch.save(value, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def random_state(device: torch.device) -> dict:
@@ -106,16 +137,27 @@ class Checkpointer:
             _save({**(coordinator_state or {}), "epoch": epoch, "world_size": self.comm.world_size},
                   temporary / COORDINATOR_FILE)
         if self.keeper:
-            if final.exists():  # the same epoch redone after a restart
-                shutil.rmtree(final)
-            os.rename(temporary, final)
+            self.publish(temporary, epoch)
             self.prune()
         self.comm.barrier()
         return final
 
+    def publish(self, temporary: Path, epoch: int) -> None:
+        """Rename a complete temporary folder into place, on disk before any older copy goes."""
+        final, aside = self.root / folder_name(epoch), self.root / aside_name(epoch)
+        sync_tree(temporary)
+        if final.exists():  # the same epoch redone after a restart: kept aside until the new one is on disk
+            shutil.rmtree(aside, ignore_errors=True)  # an earlier redo's leftover; `final` holds the epoch
+            os.rename(final, aside)
+        os.rename(temporary, final)
+        sync_folder(self.root)
+        shutil.rmtree(aside, ignore_errors=True)
+
     def prune(self) -> None:
-        for old in sorted(self.root.glob("epoch-*"))[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        """Remove all but the `keep` newest checkpoints (call only once the newest is on disk)."""
+        for epoch, _ in checkpoint_folders(self.root.parent)[self.keep:]:
+            for name in (folder_name(epoch), aside_name(epoch)):
+                shutil.rmtree(self.root / name, ignore_errors=True)
 
 
 def shares_folder(run_dir: Path, comm: Communicator) -> list[bool]:
@@ -162,20 +204,19 @@ def _coordinator(path: Path, world_size: int) -> tuple[dict | None, str]:
 def held_epochs(run_dir: Path, rank: int) -> list[int]:
     """The epochs whose checkpoint file of `rank` loads in this machine's run directory."""
     held = []
-    for path in sorted((Path(run_dir) / CHECKPOINTS).glob("epoch-*"), reverse=True):
+    for epoch, path in checkpoint_folders(run_dir):
         _, problem = _load(path / rank_file(rank))
         if problem:
             warnings.warn(f"skipping damaged checkpoint {problem}", stacklevel=2)
         else:
-            held.append(int(path.name.split("-")[1]))
+            held.append(epoch)
     return held
 
 
 def find_latest(run_dir: Path, world_size: int, epochs: set[int] | None = None) -> Found | None:
     """The newest checkpoint whose coordinator file loads, among `epochs` when given (those every rank
     holds), else among those whose every rank file loads here (a folder all ranks share)."""
-    root = Path(run_dir) / CHECKPOINTS
-    for path in sorted(root.glob("epoch-*"), reverse=True):
+    for _, path in checkpoint_folders(run_dir):
         coordinator, problem = _coordinator(path, world_size)
         if coordinator is not None and epochs is None:
             problem = next(filter(None, (_load(path / rank_file(rank))[1] for rank in range(world_size))), "")
@@ -200,43 +241,95 @@ def agree_on_latest(run_dir: Path, comm: Communicator, coordinator: bool) -> Fou
 def newest_epoch(run_dir: Path) -> int:
     """The epoch of the newest checkpoint with a good coordinator file (0 with none): where a restart
     begins, as the first machine sees it."""
-    for path in sorted((Path(run_dir) / CHECKPOINTS).glob("epoch-*"), reverse=True):
+    for _, path in checkpoint_folders(run_dir):
         coordinator, _ = _load(path / COORDINATOR_FILE)
         if coordinator is not None:
             return int(coordinator["epoch"])
     return 0
 
 
-def fingerprint(job, spec: dict, train_rows: int, world_size: int) -> dict:
-    """What a resumed job must share with the one that wrote the checkpoints, by job key."""
+# Job keys a resume may change, and why that leaves the weights as an uninterrupted job with the
+# new values would have them; `fingerprint` holds every other key.
+UNCHECKED = {
+    "name": "a label",
+    "data.test": "measured after training, never trained on",
+    "data.cache_dir": "where the same rows are kept on local disk",
+    "train.epochs": "more epochs is what resuming is for",
+    "train.optimizer": "its settings besides the name are applied to the restored optimizer (TrainingState)",
+    "train.eval_every": "when the test set is measured: evaluation draws no random numbers and changes no weight",
+    "train.validate_every": "as train.eval_every",
+    "train.validate_seconds": "as train.eval_every",
+    "cluster.threads": "the machine's cores: the same sums, rounded as that machine rounds them",
+    "cluster.device": "the machine's hardware: the same sums, rounded as that hardware rounds them",
+    "cluster.timeout": "how long a collective may wait",
+    "cluster.hosts": "where the workers run; their count is cluster.workers",
+    "cluster.remote": "how the workers are started",
+    "cluster.port": "where the workers meet",
+    "cluster.memory_per_worker": "how many workers fit a machine; their count is cluster.workers",
+    "output.run_dir": "the run directory resumed is the one holding the checkpoints",
+    "output.progress": "what is shown",
+    "checkpoint.every": "when checkpoints are written: writing one draws no random numbers",
+    "checkpoint.keep": "how many checkpoints stay on disk",
+}
+
+
+def dataset_identity(dataset: Dataset) -> str:
+    """The sha256 of the dataset's meta.json bytes: its rows, files, row groups, shape and classes, so a
+    dataset with as many rows is told apart, and the same one moved elsewhere is not."""
+    try:
+        with dataset._filesystem.open_input_stream(f"{dataset._root}/{META_FILE}") as stream:
+            return hashlib.sha256(stream.read()).hexdigest()
+    except OSError as error:
+        raise DataError(f"{dataset.path}/{META_FILE}: cannot be read: {error}") from None
+
+
+def fingerprint(job, spec: dict, train_set: Dataset, world_size: int) -> dict:
+    """What a resumed job must share with the one that wrote the checkpoints, by job key: every key
+    that changes the weights it ends with (the others are in UNCHECKED)."""
     return {
         "cluster.workers": world_size,
+        "cluster.groups": job.cluster.groups,
         "algorithm": {"name": job.algorithm.name, **job.algorithm.options},
         "model": spec,
-        "train.optimizer.name": job.train.optimizer["name"],
+        "train.optimizer.name": job.train.optimizer["name"],  # its state does not carry over to another
         "train.batch_size": job.train.batch_size,
         "train.seed": job.train.seed,
-        "data.train": train_rows,
+        "train.shuffle": job.train.shuffle,
+        "train.loss": job.train.loss,
+        "data.train": train_set.rows,
+        "data.train.meta": dataset_identity(train_set),
+        "data.memory_per_worker": job.data.memory_budget,  # a share in sub-partitions is visited in another order
     }
 
 
-def check_resumable(run_dir: Path, job, spec: dict, train_rows: int, world_size: int) -> None:
-    """Refuse to resume a job that differs from the checkpoints' in what would change its course."""
-    wanted = fingerprint(job, spec, train_rows, world_size)
-    for path in sorted((Path(run_dir) / CHECKPOINTS).glob("epoch-*"), reverse=True):
+def check_resumable(run_dir: Path, job, spec: dict, train_set: Dataset, world_size: int) -> None:
+    """Refuse to resume a job that differs from the checkpoints' in what would change its course.
+
+    Only the keys both fingerprints hold are compared: checkpoints written before a key was added
+    still resume."""
+    wanted = fingerprint(job, spec, train_set, world_size)
+    for _, path in checkpoint_folders(run_dir):
         written, _ = _load(path / COORDINATOR_FILE)
         if written is None:  # damaged: find_latest skips it with a warning
             continue
         recorded = written.get("fingerprint", {"cluster.workers": written.get("world_size")})
-        for key, value in recorded.items():
-            if wanted.get(key) != value:
-                if key == "cluster.workers":
-                    raise ConfigError(f"{path}: written by {value} workers; resume with the same count "
-                                      f"(--workers {value} per machine for a one-machine job), not {wanted[key]}")
-                what = "rows" if key == "data.train" else "value"
-                raise ConfigError(f"{key}: the checkpoints in {path.parent} were written with another {what} "
-                                  f"({value!r}, now {wanted.get(key)!r}); resume with the same one")
+        changed = next((key for key in recorded if key in wanted and recorded[key] != wanted[key]), None)
+        if changed is not None:
+            raise _refusal(changed, recorded[changed], wanted[changed], path)
         return
+
+
+def _refusal(key: str, old, new, path: Path) -> ConfigError:
+    """The one line that names the key that changed, its value in the checkpoints and now."""
+    if key == "cluster.workers":
+        return ConfigError(f"{path}: written by {old} workers; resume with the same count "
+                           f"(--workers {old} per machine for a one-machine job), not {new}")
+    if key == "data.train.meta":  # the dataset's identity, told by its meta.json
+        key, what, old, new = "data.train", "dataset", f"{META_FILE} sha256 {old[:12]}", new[:12]
+    else:
+        what, old, new = "rows" if key == "data.train" else "value", repr(old), repr(new)
+    return ConfigError(f"{key}: the checkpoints in {path.parent} were written with another {what} "
+                       f"({old}, now {new}); resume with the same one")
 
 
 def coordinator_state(test: dict, fingerprint: dict) -> dict:

@@ -71,7 +71,8 @@ class Coordinator:
         self.convert = Converter(test_set.feature_dtype, prepared.spec["input"], self.device,
                                  prepared.objective.label_dtype)
 
-    def announce(self, first_epoch: int, details: JobStart, load_seconds: list[float], holdings: list) -> None:
+    def announce(self, first_epoch: int, details: JobStart, load_seconds: list[float], holdings: list,
+                 algorithm: Algorithm | None = None) -> None:
         """The job's start (or resumption) and its data load; the progress display and validation begin."""
         start = dataclasses.replace(details, from_epoch=first_epoch, versions=versions())
         started_before = (self.run_dir / EVENTS_FILE).is_file() and read_history(self.run_dir).started()
@@ -82,7 +83,7 @@ class Coordinator:
                                         enabled=True)
         if self.test_rows is not None:
             self.validator = Validator.from_job(self.job, self.prepared, self.model, self.test_rows, self.convert,
-                                                self.events)
+                                                self.events, algorithm)
         self.last_record = time.monotonic()
 
     def epoch_begins(self, epoch: int) -> None:
@@ -96,6 +97,16 @@ class Coordinator:
             self.last_record = time.monotonic()
             self.events.write(Progress(epoch=epoch + 1, step=step, step_in_epoch=step - epoch * steps_per_epoch,
                                        steps_per_epoch=steps_per_epoch, loss=loss))
+
+    def served(self, version: int, updates_per_epoch: int, steps_per_epoch: int) -> None:
+        """On a parameter server: a `progress` record every PROGRESS_SECONDS, so a live job is never silent."""
+        if not updates_per_epoch or time.monotonic() - self.last_record < PROGRESS_SECONDS:
+            return
+        self.last_record = time.monotonic()
+        epoch, done = divmod(version - 1, updates_per_epoch)  # every epoch applies as many updates
+        in_epoch = (done + 1) * steps_per_epoch // updates_per_epoch
+        self.events.write(Progress(epoch=epoch + 1, step=epoch * steps_per_epoch + in_epoch,
+                                   step_in_epoch=in_epoch, steps_per_epoch=steps_per_epoch))
 
     def offer(self, count: int) -> None:
         """A step or a server update happened: validate in the background if one is due."""
@@ -132,7 +143,7 @@ class Coordinator:
         prepared = self.prepared
         with algorithm.consensus() as consensus:
             path = save_model(self.run_dir, consensus, prepared.spec, prepared.objective, prepared.train_set.classes,
-                              prepared.train_set.feature_dtype.name)
+                              prepared.train_set.feature_dtype.name, training_set=prepared.train_set)
         self.events.write(JobEnd(status="completed", test=self.final, seconds=seconds, epochs=self.job.train.epochs,
                                  steps=steps, model=str(path), memory=memory))
 

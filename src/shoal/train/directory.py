@@ -10,10 +10,13 @@ from datetime import datetime
 from pathlib import Path
 
 from shoal.config import JobConfig
+from shoal.durable import write_text_durably
 from shoal.errors import ConfigError
 from shoal.events import EVENTS_FILE
 
 JOB_FILE = "job.toml"
+MARKER = "# written by shoal: the resolved job of this run"
+"""The resolved job file's first line (a TOML comment): shoal replaces only a job file that opens with it."""
 
 
 def new_run_dir(job: JobConfig, run_dir: str | Path | None) -> Path:
@@ -27,14 +30,51 @@ def new_run_dir(job: JobConfig, run_dir: str | Path | None) -> Path:
             number += 1
             run_dir = base.with_name(f"{base.name}-{number}")
     run_dir = Path(run_dir)
-    if (run_dir / EVENTS_FILE).exists():
-        raise ConfigError(f"{run_dir}: already holds a run; choose another --run-dir")
+    check_new_run_dir(run_dir)
     return run_dir
 
 
+def check_new_run_dir(run_dir: Path) -> None:
+    """A new run may go here: a folder (or a path that can become one) holding no run and no user's job file."""
+    for folder in (run_dir, *run_dir.parents):
+        if folder.exists() and not folder.is_dir():
+            where = "is a file, not a folder" if folder == run_dir else f"cannot be a folder: {folder} is a file"
+            raise ConfigError(f"{run_dir}: {where}; choose another --run-dir")
+    if (run_dir / EVENTS_FILE).exists():
+        raise ConfigError(f"{run_dir}: already holds a run; choose another --run-dir")
+    if not replaceable(run_dir / JOB_FILE):
+        raise _not_ours(run_dir / JOB_FILE)
+
+
 def write_job_file(run_dir: Path, job: JobConfig, replace: bool = True) -> Path:
-    """Write the resolved job into the run directory (kept as it is when `replace` is false)."""
+    """Write the resolved job into the run directory, whole or not at all (kept as it is when `replace` is false).
+
+    A job file that shoal did not write (the user's own, in a folder chosen as the run directory)
+    is never replaced.
+    """
     path = Path(run_dir) / JOB_FILE
-    if replace or not path.exists():
-        path.write_text(job.to_toml())
+    if path.exists() and not replace:
+        return path
+    if not replaceable(path):
+        raise _not_ours(path)
+    write_text_durably(path, f"{MARKER}\n{job.to_toml()}")
     return path
+
+
+def replaceable(path: Path) -> bool:
+    """Whether shoal may write `path`: absent, written by shoal, or beside the events of a run
+    (a job file from a shoal before the marker, already the run's own)."""
+    if not path.exists():
+        return True
+    if (path.parent / EVENTS_FILE).is_file():
+        return True
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.readline().rstrip("\r\n") == MARKER
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _not_ours(path: Path) -> ConfigError:
+    return ConfigError(f"{path}: not written by shoal (its first line is not {MARKER!r}), so shoal will not "
+                       "replace it; choose another --run-dir")

@@ -1,28 +1,44 @@
 """Everything a job needs that can be checked before any worker starts.
 
 The launcher calls `prepare` so that a bad dataset path, a model that does not fit the data
-or a bad optimizer setting fails at once with a one-line error; every worker calls it again
-to build the same pieces.
+or this machine's memory, or a bad optimizer setting fails at once with a one-line error; every
+worker calls it again to build the same pieces.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib
 import inspect
 import math
 import sys
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 from shoal.algorithms import Algorithm, make_algorithm, trainer_ranks
 from shoal.config import JobConfig
+from shoal.data.compatible import TRAINING, check_compatible, schema
 from shoal.data.format import Dataset, open_dataset
 from shoal.data.loader import plan_memory
-from shoal.errors import ConfigError, DataError
-from shoal.model import build_model, output_shape
+from shoal.errors import ConfigError, first_line
+from shoal.model import build_model, current_folder_importable, output_shape
 from shoal.train.objective import Objective
+
+UNUSABLE_OPTIMIZERS = {
+    "lbfgs": "LBFGS needs a closure that recomputes the loss at every step, and shoal takes one plain step "
+             "per batch",
+    "sparseadam": "SparseAdam needs sparse gradients, and shoal's models give dense ones",
+}
+"""torch optimizers that shoal's training loop cannot drive, with the reason."""
+TRAINING_COPIES = 4
+"""Bytes of training state per byte of parameters: the weights, their gradients and the two moments
+of an Adam-like optimizer."""
+ALLOCATION_FAILURES = ("not enough memory", "out of memory", "allocate memory", "tried to allocate",
+                       "failed to allocate")
+"""What torch's allocators say, in lowercase, when memory runs out."""
 
 
 @dataclass
@@ -34,10 +50,13 @@ class Prepared:
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    if name.lower() in UNUSABLE_OPTIMIZERS:
+        raise ConfigError(f"train.optimizer.name: {name!r} cannot be used: {UNUSABLE_OPTIMIZERS[name.lower()]}")
     optimizers = {
         cls.__name__.lower(): cls
         for cls in vars(torch.optim).values()
         if inspect.isclass(cls) and issubclass(cls, torch.optim.Optimizer) and cls is not torch.optim.Optimizer
+        and cls.__name__.lower() not in UNUSABLE_OPTIMIZERS
     }
     if name.lower() not in optimizers:
         close = difflib.get_close_matches(name.lower(), list(optimizers), n=1)
@@ -97,6 +116,71 @@ def model_spec(job: JobConfig, train_set: Dataset) -> dict:
     return {"input": input_shape, "layers": job.model.layers}
 
 
+def model_key(spec: dict) -> str:
+    """The job key that describes the model."""
+    return "model.factory" if spec.get("factory") else "model.layers"
+
+
+def estimate_model(spec: dict) -> torch.nn.Module | None:
+    """The model built on torch's meta device: every shape, no memory. None for a factory that only
+    works on real tensors (its real build then says what is wrong, if anything)."""
+    if spec.get("factory"):
+        try:
+            _import_factory_module(spec["factory"])
+            with torch.device("meta"):
+                return build_model(spec)
+        except Exception:  # the user's code may need real tensors
+            return None
+    try:
+        with torch.device("meta"):
+            return build_model(spec)
+    except (RuntimeError, TypeError, ValueError, OverflowError) as error:
+        # layer values are checked before torch sees them: what torch refuses is a size past its limits
+        raise ConfigError(f"model.layers: too large to build: {first_line(error)}") from None
+
+
+def _import_factory_module(factory: str) -> None:
+    """Import the factory's module off the meta device, so that tensors it makes on import stay real."""
+    with current_folder_importable():  # where model.from_factory looks too
+        importlib.import_module(factory.partition(":")[0])
+
+
+def training_bytes(model: torch.nn.Module) -> int:
+    """Memory that training the model takes: its parameters' training state and its buffers."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return TRAINING_COPIES * weights + buffers
+
+
+def check_model_size(spec: dict, available: int | None = None) -> None:
+    """Refuse, before allocating it, a model whose training state exceeds this machine's available memory."""
+    model = estimate_model(spec)
+    if model is None:
+        return
+    needed = training_bytes(model)
+    available = psutil.virtual_memory().available if available is None else available
+    if needed > available:
+        count = sum(p.numel() for p in model.parameters())
+        raise ConfigError(
+            f"{model_key(spec)}: the model has {count:,} parameters and takes about {needed / 2**30:,.1f} GiB "
+            f"to train (weights, gradients, optimizer state), more than the {available / 2**30:,.1f} GiB "
+            "this machine has available"
+        )
+
+
+def allocate_model(spec: dict) -> torch.nn.Module:
+    """The real model; running out of memory while building it is a one-line error naming the model's key."""
+    try:
+        return build_model(spec)
+    except MemoryError:
+        reason = "out of memory"
+    except RuntimeError as error:
+        if not any(text in str(error).lower() for text in ALLOCATION_FAILURES):
+            raise
+        reason = first_line(error)
+    raise ConfigError(f"{model_key(spec)}: not enough memory to build the model: {reason}")
+
+
 def check_world_size(job: JobConfig, world_size: int, train_set: Dataset, algorithm: Algorithm | None = None) -> None:
     """Settings that make no sense for this many workers: the algorithm's own check, then the rows.
 
@@ -119,14 +203,12 @@ def prepare(job: JobConfig) -> Prepared:
     """Open the datasets, build the model once and check that it fits them."""
     train_set = open_dataset(job.data.train)
     test_set = open_dataset(job.data.test) if job.data.test else None
-    if test_set is not None and test_set.schema_key() != train_set.schema_key():
-        raise DataError(
-            f"{test_set.path}: test set does not match the training set {train_set.path} "
-            f"(shape, dtype and classes must agree: {test_set.schema_key()} vs {train_set.schema_key()})"
-        )
+    if test_set is not None:
+        check_compatible(test_set, schema(train_set), f"the training set {train_set.path}", TRAINING)
     spec = model_spec(job, train_set)
     objective = Objective(job.train.loss, train_set.num_classes)
-    model = build_model(spec)
+    check_model_size(spec)
+    model = allocate_model(spec)
     shape = output_shape(model, spec["input"])
     expected = objective.expected_outputs()
     if shape != (expected,):

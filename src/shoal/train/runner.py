@@ -25,7 +25,6 @@ from shoal.data.loader import ShardLoader
 from shoal.data.partition import steps_per_epoch
 from shoal.errors import first_line
 from shoal.events import JobStart, WorkerMemory
-from shoal.model import build_model
 from shoal.train.checkpoint import (
     Checkpointer,
     agree_on_latest,
@@ -39,7 +38,7 @@ from shoal.train.coordinator import Coordinator
 from shoal.train.epoch_loops import Serving, Training
 from shoal.train.loop import EpochStats, Trainer
 from shoal.train.memory import current_rss, peak_rss
-from shoal.train.prepare import check_world_size, make_optimizer, prepare
+from shoal.train.prepare import allocate_model, check_world_size, make_optimizer, prepare
 from shoal.train.state import TrainingState
 
 
@@ -89,7 +88,7 @@ class Runner:
         self.comm = self.comm or Communicator(info.rank, info.world_size, device=self.device)
         self.prepared = prepare(job)
         seed_everything(job.train.seed)  # identical initial weights on every rank
-        self.model = build_model(self.prepared.spec).to(self.device)
+        self.model = allocate_model(self.prepared.spec).to(self.device)
         self.optimizer = make_optimizer(job.train.optimizer, self.model.parameters())
         self.algorithm = make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups)
         check_world_size(job, info.world_size, self.prepared.train_set, self.algorithm)
@@ -138,13 +137,14 @@ class Runner:
     def resume(self) -> None:
         """With `resume`: every rank loads its part of the newest checkpoint that all ranks hold."""
         self.state = TrainingState(self.model, self.optimizer, self.algorithm, self.epoch_loop, self.device)
-        self.fingerprint = fingerprint(self.job, self.prepared.spec, self.prepared.train_set.rows,
-                                       self.info.world_size)
+        coordinator = self.coordinator is not None
+        # recorded in the coordinator's file only: the other ranks need not read the dataset's meta.json
+        self.fingerprint = fingerprint(self.job, self.prepared.spec, self.prepared.train_set,
+                                       self.info.world_size) if coordinator else {}
         if not self.resuming:
             return
-        coordinator = self.coordinator is not None
         if coordinator:  # also here for jobs started by torchrun or srun, which skip the launcher's check
-            check_resumable(self.run_dir, self.job, self.prepared.spec, self.prepared.train_set.rows,
+            check_resumable(self.run_dir, self.job, self.prepared.spec, self.prepared.train_set,
                             self.info.world_size)
         found = agree_on_latest(self.run_dir, self.comm, coordinator)
         if found is None:
@@ -157,7 +157,8 @@ class Runner:
     def start(self) -> None:
         """Announce the job, then start every rank together."""
         if self.coordinator is not None:
-            self.coordinator.announce(self.first_epoch, self.details(), self.load_seconds, self.holdings)
+            self.coordinator.announce(self.first_epoch, self.details(), self.load_seconds, self.holdings,
+                                      self.algorithm)
         self.checkpointer = Checkpointer(self.run_dir, self.comm, self.job.checkpoint.keep, self.hosts)
         # the coordinator's set-up must not show up as the first epoch's wait
         self.comm.barrier()
@@ -190,6 +191,7 @@ class Runner:
         self.heartbeat.beat(version)
         if self.coordinator is not None:
             self.coordinator.offer(version)
+            self.coordinator.served(version, self.algorithm.updates_per_epoch(), self.steps)
 
     def end_epoch(self, epoch: int, stats: EpochStats) -> None:
         """Every rank's statistics to the coordinator (which evaluates and records), then the checkpoint."""

@@ -3,7 +3,8 @@
 Everything a rank needs to continue exactly where it stopped: the model, the optimizer, the
 algorithm's own state, the step counter of its role and the random generators. The keys of a
 rank's checkpoint file are written and read here and nowhere else; the checkpoint folder's
-layout and its coordinator file belong to `checkpoint`.
+layout and its coordinator file belong to `checkpoint`. The optimizer's state is restored under
+the job's current settings, so `--set train.optimizer.lr=...` on resume takes effect.
 """
 
 from __future__ import annotations
@@ -37,8 +38,20 @@ class TrainingState:
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer(self.optimizer, state["optimizer"])
         self.algorithm.load_state_dict(state["algorithm"])
         self.counter.global_step = state["global_step"]
         restore_random_state(state["random"], self.device)
 
+
+def load_optimizer(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Restore an optimizer's state (its moments, step counts) but keep the settings it was built with.
+
+    torch's `load_state_dict` also brings back each param group's lr, betas, weight decay, momentum,
+    eps...: a job resumed with another `train.optimizer.lr` would train on with the old one while its
+    job.toml says the new. The optimizer is built from the job's current `train.optimizer`, so its
+    groups hold exactly those settings (and torch's defaults for the keys the job leaves out)."""
+    settings = [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, current in zip(optimizer.param_groups, settings, strict=True):
+        group.update(current)

@@ -2,17 +2,22 @@
 
 The coordinator may be on another machine or long gone, so nothing here talks to a process:
 the summary is a fold over `events.jsonl`, and it works the same for a live, a finished and a
-crashed run.
+crashed run. A run that ended without anyone writing `job_end` (its launcher killed with the
+workers) is told apart by silence: a live job records something every few seconds, and no rank
+of it waits longer than its own `cluster.timeout` before the job fails and says so.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shoal.errors import ShoalError
+from shoal.config import ClusterConfig
+from shoal.errors import ShoalError, first_line
 from shoal.events import (
     EVENTS_FILE,
     Checkpoint,
@@ -29,10 +34,17 @@ from shoal.events import (
 )
 from shoal.train.directory import JOB_FILE
 
-STALL_SECONDS = 600
-"""A run without `job_end` whose last record is older than this shows as `stalled?`."""
+STALL_SECONDS = 120
+"""A run without `job_end` whose last record is older than this shows as `stalled?` (a live job
+records its progress every few seconds; an evaluation or a checkpoint can take longer)."""
+STOP_GRACE_SECONDS = 60
+"""Beyond `cluster.timeout`: the time a failing job's launcher takes to record the failure."""
+START_SECONDS = 60
+"""How long `--watch` waits for the events of a job whose job.toml is written."""
+STOPPED = "stopped without an end record (the launcher was killed?)"
 
 CLEAR_SCREEN = "\033[H\033[2J"
+DEFAULT_TIMEOUT = ClusterConfig().timeout
 
 
 @dataclass
@@ -162,12 +174,52 @@ class Status:
     checkpoints: int
     last_checkpoint: Checkpoint | None
     message: str | None
+    silence_limit: float | None = None
+    """Seconds without a record after which a run without `job_end` has stopped: its cluster.timeout and a grace."""
 
 
-def run_state(end: JobEnd | None, quiet_seconds: float) -> str:
+def run_state(end: JobEnd | None, quiet_seconds: float, silence_limit: float = math.inf) -> str:
     if end is not None:
         return end.status
+    if quiet_seconds > silence_limit:
+        return "stopped"
     return "stalled?" if quiet_seconds > STALL_SECONDS else "running"
+
+
+def job_timeout(run_dir: Path, start: JobStart) -> float:
+    """The job's cluster.timeout: from its job_start record, else its job.toml, else shoal's default."""
+    cluster, where = start.config.get("cluster"), f"{run_dir / EVENTS_FILE}: job_start"
+    if not (isinstance(cluster, dict) and "timeout" in cluster):
+        cluster, where = job_file_table(run_dir, "cluster"), str(run_dir / JOB_FILE)
+    timeout = cluster.get("timeout", DEFAULT_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (math.isfinite(timeout)
+                                                                                  and timeout > 0):
+        raise ShoalError(f"{where}: cluster.timeout: must be > 0 seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def job_file_table(run_dir: Path, name: str) -> dict:
+    """One table of the run's job.toml as plain data ({} without the file or the table)."""
+    path = run_dir / JOB_FILE
+    if not path.is_file():
+        return {}
+    try:
+        table = tomllib.loads(path.read_text(encoding="utf-8")).get(name)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise ShoalError(f"{path}: not a readable job file: {first_line(error)}") from error
+    return table if isinstance(table, dict) else {}
+
+
+def stopped_message(quiet_seconds: float, timeout: float) -> str:
+    return (f"{STOPPED}: nothing recorded for {duration(quiet_seconds)}, longer than its cluster.timeout "
+            f"({duration(timeout)}) allows")
+
+
+def not_started(run_dir: Path, now: float) -> str:
+    """What a run directory with its job.toml but no events yet says."""
+    waited = max(now - (run_dir / JOB_FILE).stat().st_mtime, 0.0)
+    return (f"{run_dir}: no {EVENTS_FILE} {duration(waited)} after {JOB_FILE} was written: the job has not "
+            "started (still loading its data, or its launcher was killed)")
 
 
 def worker_paces(last_epoch: EpochEnd | None) -> list[WorkerPace]:
@@ -182,16 +234,23 @@ def worker_paces(last_epoch: EpochEnd | None) -> list[WorkerPace]:
 
 def summarize(run_dir: str | Path, now: float | None = None) -> Status:
     """Fold the run's events into its status (a folder without events is a user error)."""
-    history = read_history(run_dir)
+    run_dir = Path(run_dir)
     now = time.time() if now is None else now
+    if (run_dir / JOB_FILE).is_file() and not (run_dir / EVENTS_FILE).is_file():
+        raise ShoalError(not_started(run_dir, now))
+    history = read_history(run_dir)
     timeline = Timeline()
     for event in history.events:
         timeline.add(event)
     last_time = history.last_time
     if last_time is None:
-        last_time = (Path(run_dir) / EVENTS_FILE).stat().st_mtime
+        last_time = (run_dir / EVENTS_FILE).stat().st_mtime
     start, end, progress, last_epoch = timeline.start, timeline.end, timeline.progress, timeline.last_epoch
-    state = run_state(end, now - last_time)
+    timeout = job_timeout(run_dir, start)
+    state = run_state(end, now - last_time, timeout + STOP_GRACE_SECONDS)
+    message = end.message if end is not None else None
+    if state == "stopped":
+        message = stopped_message(now - last_time, timeout)
     epochs = start.configured_epochs() or (end.epochs if end is not None else None)
     epoch, step, steps_per_epoch, fraction = timeline.position()
     mean_epoch = timeline.mean_epoch(fraction)
@@ -212,7 +271,7 @@ def summarize(run_dir: str | Path, now: float | None = None) -> Status:
         last_restart=timeline.restarts[-1] if timeline.restarts else None, failures=len(timeline.failures),
         last_failure=timeline.failures[-1] if timeline.failures else None, checkpoints=len(timeline.checkpoints),
         last_checkpoint=timeline.checkpoints[-1] if timeline.checkpoints else None,
-        message=end.message if end is not None else None)
+        message=message, silence_limit=timeout + STOP_GRACE_SECONDS)
 
 
 def duration(seconds: float | None) -> str:
@@ -240,7 +299,7 @@ def render(summary: Status) -> str:
     """A few plain lines for a terminal or a log."""
     lines = [f"{summary.run_dir}  {summary.state}"
              + (f"  (last record {duration(summary.last_event_seconds_ago)} ago)"
-                if summary.state == "stalled?" else "")]
+                if summary.state in ("stalled?", "stopped") else "")]
     if summary.message:
         lines.append(f"  {summary.message}")
     hosts = ", ".join(summary.hosts)
@@ -296,17 +355,26 @@ def timing_line(summary: Status) -> str:
     return "  ".join(timing)
 
 
-def watch(run_dir: str | Path, interval: float = 2.0, stream=None, sleep=time.sleep) -> Status:
-    """Redraw the status every `interval` seconds until the job ends or Ctrl-C; the last summary."""
+class RunStopped(ShoalError):
+    """`--watch` gave up: the run stopped without an end record, or its events never came."""
+
+    exit_code = 1
+
+
+def watch(run_dir: str | Path, interval: float = 2.0, stream=None, sleep=time.sleep, clock=time.time,
+          start_seconds: float = START_SECONDS) -> Status:
+    """Redraw the status every `interval` seconds until the job ends or Ctrl-C; the last summary.
+
+    Raises RunStopped when the run stopped without an end record (drawn first), or when it has no
+    events `start_seconds` after its job.toml was written: neither would ever end the watch.
+    """
     if not interval > 0:
         raise ShoalError(f"--watch: must be a number of seconds > 0, got {interval}")
     stream = stream or sys.stdout
     terminal = stream.isatty()
     run_dir = Path(run_dir)
-    # a job just started has its job.toml but no events until its workers are up: wait for them
-    while (run_dir / JOB_FILE).is_file() and not (run_dir / EVENTS_FILE).is_file():
-        sleep(interval)
-    summary = summarize(run_dir)  # a bad folder fails here, before the loop
+    wait_for_events(run_dir, interval, sleep, clock, start_seconds)
+    summary = summarize(run_dir, clock())  # a bad folder fails here, before the loop
     first = True
     try:
         while True:
@@ -317,9 +385,21 @@ def watch(run_dir: str | Path, interval: float = 2.0, stream=None, sleep=time.sl
             first = False
             stream.write(render(summary) + "\n")
             stream.flush()
+            if summary.state == "stopped":
+                raise RunStopped(f"{run_dir}: {summary.message}")
             if summary.state not in ("running", "stalled?"):
                 return summary
             sleep(interval)
-            summary = summarize(run_dir)
+            summary = summarize(run_dir, clock())
     except KeyboardInterrupt:
         return summary
+
+
+def wait_for_events(run_dir: Path, interval: float, sleep, clock, start_seconds: float) -> None:
+    """A job just started has its job.toml but no events until its workers are up: wait for them,
+    up to `start_seconds` after job.toml was written."""
+    while (run_dir / JOB_FILE).is_file() and not (run_dir / EVENTS_FILE).is_file():
+        now = clock()
+        if now - (run_dir / JOB_FILE).stat().st_mtime > start_seconds:
+            raise RunStopped(not_started(run_dir, now))
+        sleep(interval)

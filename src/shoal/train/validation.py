@@ -6,6 +6,12 @@ parameter-server algorithms) offers its count of updates (or steps) after each o
 validation and none is running, the weights are copied into a second model and a background
 thread evaluates that copy on the test set and appends a `validation` event. The serving or
 training thread pays only for the copy.
+
+The weights copied are those the algorithm would save at that moment (`Algorithm.consensus()`,
+as the epoch's evaluation and the saved model use): EASGD's centre, not rank 0's replica. Where
+that model cannot be had on rank 0 alone (model averaging between two averages, when the mean
+of the replicas lives on no rank), a validation due waits for the next moment the replicas
+agree.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import time
 
 import torch
 
+from shoal.algorithms import Algorithm
 from shoal.events import EventLog, Validation
 from shoal.train.objective import Objective, evaluate
 
@@ -25,9 +32,11 @@ class Validator:
     """Background evaluations of snapshots of `model`, every `every` counts or `seconds` seconds."""
 
     def __init__(self, model: torch.nn.Module, objective: Objective, rows, convert, events: EventLog | None,
-                 every: int = 0, seconds: float = 0.0):
+                 every: int = 0, seconds: float = 0.0, algorithm: Algorithm | None = None):
+        """`algorithm`: the job's, bound to `model`, whose consensus is what gets validated (None: `model`)."""
         self.enabled = bool(every or seconds) and rows is not None and events is not None
         self.model, self.objective, self.rows, self.convert, self.events = model, objective, rows, convert, events
+        self.algorithm = algorithm
         self.every, self.seconds = every, seconds
         self.shadow = copy.deepcopy(model) if self.enabled else None
         self.last_count, self.last_time = 0, time.monotonic()
@@ -35,9 +44,9 @@ class Validator:
         self.epoch = 0
 
     @classmethod
-    def from_job(cls, job, prepared, model, rows, convert, events) -> Validator:
+    def from_job(cls, job, prepared, model, rows, convert, events, algorithm: Algorithm | None = None) -> Validator:
         return cls(model, prepared.objective, rows, convert, events, job.train.validate_every,
-                   job.train.validate_seconds)
+                   job.train.validate_seconds, algorithm)
 
     def offer(self, count: int) -> None:
         """Called after each update or step with its count: start a validation if one is due."""
@@ -45,14 +54,22 @@ class Validator:
             return
         due = (self.every and count - self.last_count >= self.every) or (
             self.seconds and time.monotonic() - self.last_time >= self.seconds)
-        if not due or (self.thread is not None and self.thread.is_alive()):
+        if not due or (self.thread is not None and self.thread.is_alive()) or not self.snapshot():
             return
         self.last_count, self.last_time = count, time.monotonic()
-        with torch.no_grad():
-            for mine, theirs in zip(self.shadow.state_dict().values(), self.model.state_dict().values()):
-                mine.copy_(theirs)
         self.thread = threading.Thread(target=self._validate, args=(count,), name="shoal-validation", daemon=True)
         self.thread.start()
+
+    def snapshot(self) -> bool:
+        """Copy the model the algorithm would save now into the shadow; False when rank 0 cannot have it now."""
+        algorithm = self.algorithm
+        if algorithm is not None and not algorithm.holds_consensus():
+            return False
+        lent = algorithm.consensus() if algorithm is not None else contextlib.nullcontext(self.model)
+        with torch.no_grad(), lent as consensus:
+            for mine, theirs in zip(self.shadow.state_dict().values(), consensus.state_dict().values()):
+                mine.copy_(theirs)
+        return True
 
     def _validate(self, count: int) -> None:
         began = time.perf_counter()

@@ -13,6 +13,7 @@ import torch
 
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.fake import run_ranks
+from shoal.data.format import DatasetWriter, open_dataset
 from shoal.errors import ConfigError
 from shoal.jobs import from_dict
 from shoal.train.checkpoint import (
@@ -21,6 +22,7 @@ from shoal.train.checkpoint import (
     Checkpointer,
     agree_on_latest,
     check_resumable,
+    dataset_identity,
     find_latest,
     fingerprint,
     load_rank,
@@ -220,15 +222,42 @@ def job(**train):
     })
 
 
-def test_fingerprint_names_what_a_resumed_job_must_share():
-    assert fingerprint(job(), SPEC, ROWS, 2) == {
+def write_train_set(path, rows: int, seed: int = 0, source: str = "train.csv") -> str:
+    """A training set of `rows` rows of four features and three classes, imported from `source`."""
+    generator = np.random.default_rng(seed)
+    meta = {"source": {"path": source}}
+    with DatasetWriter(str(path), (4,), "float32", classes=[0, 1, 2], extra_meta=meta) as writer:
+        writer.write(generator.normal(size=(rows, 4)).astype(np.float32), generator.integers(0, 3, size=rows))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Training sets by row count, written once for the module."""
+    folder, made = tmp_path_factory.mktemp("data"), {}
+
+    def train_set(rows: int = ROWS):
+        if rows not in made:
+            made[rows] = open_dataset(write_train_set(folder / f"rows-{rows}", rows))
+        return made[rows]
+
+    return train_set
+
+
+def test_fingerprint_names_what_a_resumed_job_must_share(data):
+    assert fingerprint(job(), SPEC, data(), 2) == {
         "cluster.workers": 2,
+        "cluster.groups": 1,
         "algorithm": {"name": "averaging", "period": "epoch"},
         "model": SPEC,
         "train.optimizer.name": "adam",
         "train.batch_size": 16,
         "train.seed": 3,
+        "train.shuffle": True,
+        "train.loss": "cross_entropy",
         "data.train": ROWS,
+        "data.train.meta": dataset_identity(data()),
+        "data.memory_per_worker": None,
     }
 
 
@@ -236,26 +265,26 @@ def save_with_fingerprint(run_dir, epoch: int, recorded: dict) -> None:
     save_alone(run_dir, epoch, coordinator={"test": {}, "fingerprint": recorded})
 
 
-def test_the_same_job_may_resume(tmp_path):
-    check_resumable(tmp_path, job(), SPEC, ROWS, 1)  # nothing written yet
-    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, ROWS, 1))
-    check_resumable(tmp_path, job(), SPEC, ROWS, 1)
-    check_resumable(tmp_path, job(epochs=50), SPEC, ROWS, 1)  # more epochs is what resuming is for
+def test_the_same_job_may_resume(tmp_path, data):
+    check_resumable(tmp_path, job(), SPEC, data(), 1)  # nothing written yet
+    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, data(), 1))
+    check_resumable(tmp_path, job(), SPEC, data(), 1)
+    check_resumable(tmp_path, job(epochs=50), SPEC, data(), 1)  # more epochs is what resuming is for
 
 
-def test_a_changed_batch_size_is_refused_naming_the_key(tmp_path):
-    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, ROWS, 1))
+def test_a_changed_batch_size_is_refused_naming_the_key(tmp_path, data):
+    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, data(), 1))
     with pytest.raises(ConfigError) as caught:
-        check_resumable(tmp_path, job(batch_size=32), SPEC, ROWS, 1)
+        check_resumable(tmp_path, job(batch_size=32), SPEC, data(), 1)
     assert str(caught.value) == (f"train.batch_size: the checkpoints in {tmp_path / CHECKPOINTS} were written with "
                                  "another value (16, now 32); resume with the same one")
 
 
-def test_a_changed_worker_count_is_refused(tmp_path):
-    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, ROWS, 1))
+def test_a_changed_worker_count_is_refused(tmp_path, data):
+    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, data(), 1))
     with pytest.raises(ConfigError, match=r"epoch-00001: written by 1 workers; resume with the same count "
                                           r"\(--workers 1 per machine for a one-machine job\), not 4"):
-        check_resumable(tmp_path, job(), SPEC, ROWS, 4)
+        check_resumable(tmp_path, job(), SPEC, data(), 4)
 
 
 @pytest.mark.parametrize(("key", "train", "spec", "rows", "what"), [
@@ -264,28 +293,28 @@ def test_a_changed_worker_count_is_refused(tmp_path):
     ("train.optimizer.name", {"optimizer": {"name": "sgd", "lr": 0.01}}, SPEC, ROWS, "value ('adam', now 'sgd')"),
     ("model", {}, {"input": [4], "layers": [{"dense": 5}]}, ROWS, "value ("),
 ])
-def test_other_changes_are_refused_naming_the_key(tmp_path, key, train, spec, rows, what):
-    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, ROWS, 1))
+def test_other_changes_are_refused_naming_the_key(tmp_path, data, key, train, spec, rows, what):
+    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, data(), 1))
     with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: .* another {re.escape(what)}"):
-        check_resumable(tmp_path, job(**train), spec, rows, 1)
+        check_resumable(tmp_path, job(**train), spec, data(rows), 1)
 
 
-def test_checkpoints_without_a_fingerprint_check_the_worker_count_only(tmp_path):
+def test_checkpoints_without_a_fingerprint_check_the_worker_count_only(tmp_path, data):
     save_alone(tmp_path, 1)
-    check_resumable(tmp_path, job(batch_size=64), SPEC, ROWS, 1)
+    check_resumable(tmp_path, job(batch_size=64), SPEC, data(), 1)
     with pytest.raises(ConfigError, match="written by 1 workers"):
-        check_resumable(tmp_path, job(), SPEC, ROWS, 2)
+        check_resumable(tmp_path, job(), SPEC, data(), 2)
 
 
-def test_resumability_is_read_from_the_newest_readable_checkpoint(tmp_path):
-    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, ROWS, 1))
-    newest = save_alone(tmp_path, 2, coordinator={"fingerprint": fingerprint(job(batch_size=8), SPEC, ROWS, 1)})
+def test_resumability_is_read_from_the_newest_readable_checkpoint(tmp_path, data):
+    save_with_fingerprint(tmp_path, 1, fingerprint(job(), SPEC, data(), 1))
+    newest = save_alone(tmp_path, 2, coordinator={"fingerprint": fingerprint(job(batch_size=8), SPEC, data(), 1)})
     with pytest.raises(ConfigError, match=r"another value \(8, now 16\)"):
-        check_resumable(tmp_path, job(), SPEC, ROWS, 1)
+        check_resumable(tmp_path, job(), SPEC, data(), 1)
     (newest / COORDINATOR_FILE).write_bytes(b"")  # damaged: the one before decides
-    check_resumable(tmp_path, job(), SPEC, ROWS, 1)
+    check_resumable(tmp_path, job(), SPEC, data(), 1)
     shutil.rmtree(tmp_path / CHECKPOINTS)
-    check_resumable(tmp_path, job(batch_size=8), SPEC, ROWS, 1)
+    check_resumable(tmp_path, job(batch_size=8), SPEC, data(), 1)
 
 
 # ---------------------------------------------------------------- machines without a shared folder

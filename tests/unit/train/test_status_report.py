@@ -214,7 +214,7 @@ def test_watch_redraws_until_the_job_ends(running):
                                      "seconds": 100.0, "epochs": 5, "steps": 500}) + "\n")
 
     stream = io.StringIO()
-    summary = watch(running, 0.5, stream=stream, sleep=sleep)
+    summary = watch(running, 0.5, stream=stream, sleep=sleep, clock=lambda: 2065.0)
     assert naps == [0.5] and summary.state == "completed"
     assert stream.getvalue().count("job demo") == 2
 
@@ -223,7 +223,7 @@ def test_watch_stops_quietly_on_ctrl_c(running):
     def sleep(seconds):
         raise KeyboardInterrupt
 
-    assert watch(running, 1.0, stream=io.StringIO(), sleep=sleep).epochs == 5
+    assert watch(running, 1.0, stream=io.StringIO(), sleep=sleep, clock=lambda: 2065.0).epochs == 5
 
 
 # ---------------------------------------------------------------- report

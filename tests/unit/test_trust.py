@@ -1,0 +1,214 @@
+"""Run directories are data: a model.factory found in model.pt or a run's job.toml is imported only on
+the user's word (--trust-code, trust_code=True, or the same factory named again); factories never change
+sys.path for good, and whatever a factory raises is one line."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch import nn
+
+import shoal
+from shoal.api import resumed_job
+from shoal.cli import main, trust_flag
+from shoal.data.format import DatasetWriter
+from shoal.errors import ConfigError
+from shoal.model import build_model, from_factory
+from shoal.train.artifacts import save_model
+from shoal.train.objective import Objective
+
+FACTORIES = "shoal_trust_factories"
+
+
+@pytest.fixture(autouse=True)
+def quiet_environment(monkeypatch):
+    """`shoal.cli.main` sets TORCH_CPP_LOG_LEVEL for its workers; the test's environment is put back after."""
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
+@pytest.fixture
+def factories(tmp_path, monkeypatch):
+    """A factory module in the current folder (as a user's own module is), not on sys.path."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / f"{FACTORIES}.py").write_text(textwrap.dedent("""
+        from torch import nn
+
+        def mlp(features, classes=2):
+            return nn.Sequential(nn.Linear(features, classes))
+
+        def broken(features):
+            raise ValueError("no width fits\\nthe second line stays out")
+
+        def mistyped(features):
+            return nn.Linear(features, "two")
+    """))
+    monkeypatch.chdir(folder)
+    monkeypatch.delitem(sys.modules, FACTORIES, raising=False)
+    yield FACTORIES
+    sys.modules.pop(FACTORIES, None)
+
+
+def write_dataset(path: Path) -> Path:
+    features = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
+    with DatasetWriter(str(path), (3,), "float32") as writer:
+        writer.write(features, (features[:, 0] > 0).astype(np.int64))
+    return path
+
+
+def malicious_spec(marker: Path) -> dict:
+    return {"input": [3], "factory": "os:system", "arguments": {"command": f"touch {marker}"}}
+
+
+def write_run(run_dir: Path, spec: dict) -> Path:
+    """A run directory holding a model.pt with this spec (and weights that fit a 3 -> 2 linear layer)."""
+    run_dir.mkdir()
+    save_model(run_dir, nn.Sequential(nn.Linear(3, 2)), spec, Objective("cross_entropy", 2), [0, 1], "float32")
+    return run_dir
+
+
+def untrusted_line(where: Path, factory: str) -> str:
+    return (f"{where}: the model is built by code (model.factory {factory!r}); loading it would run that code: "
+            "pass --trust-code (trust_code=True) if you trust this run directory")
+
+
+# ---------------------------------------------------------------- model.pt: load_model and predict
+
+
+def test_load_model_refuses_a_factory_from_the_run_directory(tmp_path):
+    marker = tmp_path / "ran"
+    run_dir = write_run(tmp_path / "run", malicious_spec(marker))
+    with pytest.raises(ConfigError) as caught:
+        shoal.load_model(run_dir)
+    assert str(caught.value) == untrusted_line(run_dir / "model.pt", "os:system")
+    assert not marker.exists()
+
+
+def test_predict_refuses_a_factory_from_the_run_directory(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    run_dir = write_run(tmp_path / "run", malicious_spec(marker))
+    data, out = write_dataset(tmp_path / "data"), tmp_path / "predictions.parquet"
+    with pytest.raises(ConfigError, match="loading it would run that code"):
+        shoal.predict(run_dir, str(data), out)
+    assert main(["predict", str(run_dir), str(data), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"shoal: error: {untrusted_line(run_dir / 'model.pt', 'os:system')}\n"
+    assert not marker.exists() and not out.exists()
+
+
+def test_a_trusted_factory_model_loads_and_predicts(tmp_path, factories, capsys):
+    spec = {"input": [3], "factory": f"{factories}:mlp", "arguments": {"features": 3}}
+    run_dir = write_run(tmp_path / "run", spec)
+    model = shoal.load_model(run_dir, trust_code=True)
+    assert isinstance(model, nn.Sequential) and not model.training
+    data, out = write_dataset(tmp_path / "data"), tmp_path / "predictions.parquet"
+    assert main(["predict", str(run_dir), str(data), "--out", str(out), "--trust-code"]) == 0
+    assert capsys.readouterr().out == f"{out}: 40 predictions\n"
+
+
+def test_trusting_one_factory_does_not_trust_another(tmp_path):
+    marker = tmp_path / "ran"
+    run_dir = write_run(tmp_path / "run", malicious_spec(marker))
+    with pytest.raises(ConfigError, match="model.factory 'os:system'"):
+        shoal.load_model(run_dir, trust_code=f"{FACTORIES}:mlp")
+    assert not marker.exists()
+
+
+def test_a_layer_list_needs_no_trust(tmp_path):
+    run_dir = write_run(tmp_path / "run", {"input": [3], "layers": [{"dense": 2}]})
+    assert isinstance(shoal.load_model(run_dir), nn.Sequential)
+
+
+# ---------------------------------------------------------------- resume: the run's job.toml
+
+
+def write_resumable(tmp_path: Path, marker: Path, factory: str = "os:system") -> Path:
+    """A run directory whose job.toml names a factory (nothing else is needed to refuse it)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    train = write_dataset(tmp_path / "train")
+    (run_dir / "job.toml").write_text(textwrap.dedent(f"""
+        [model]
+        factory = "{factory}"
+        arguments = {{ command = "touch {marker}" }}
+        [data]
+        train = "{train}"
+    """))
+    return run_dir
+
+
+def test_resume_refuses_a_factory_from_the_run_directory(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    run_dir = write_resumable(tmp_path, marker)
+    with pytest.raises(ConfigError) as caught:
+        shoal.resume(run_dir)
+    assert str(caught.value) == untrusted_line(run_dir / "job.toml", "os:system")
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    assert capsys.readouterr().err == f"shoal: error: {untrusted_line(run_dir / 'job.toml', 'os:system')}\n"
+    assert not marker.exists()
+    assert sorted(path.name for path in run_dir.iterdir()) == ["job.toml"]
+
+
+def test_resume_trusts_the_run_when_told_or_when_the_factory_is_named_again(tmp_path):
+    run_dir = write_resumable(tmp_path, tmp_path / "ran")
+    assert resumed_job(run_dir, trust_code=True).model.factory == "os:system"
+    assert resumed_job(run_dir, ["model.factory=os:system"]).model.factory == "os:system"
+    assert resumed_job(run_dir, ['model.factory="os:system"']).model.factory == "os:system"
+    assert not (tmp_path / "ran").exists()  # deciding to trust builds nothing
+    assert trust_flag(resumed_job(run_dir, trust_code=True)) == " --trust-code"  # what an interrupted job suggests
+
+
+def test_trust_code_is_only_for_resume(tmp_path, capsys):
+    assert main(["train", str(tmp_path / "job.toml"), "--trust-code"]) == 2
+    assert capsys.readouterr().err == ("shoal: error: --trust-code: only with --resume RUN_DIR "
+                                       "(a job file you name is trusted as it is)\n")
+
+
+# ---------------------------------------------------------------- factories: sys.path and one-line errors
+
+
+def test_a_factory_in_the_current_folder_imports_and_sys_path_is_left_as_found(factories):
+    assert str(Path.cwd()) not in sys.path
+    before = list(sys.path)
+    model = build_model({"input": [4], "factory": f"{factories}:mlp", "arguments": {"features": 4}})
+    assert isinstance(model, nn.Sequential)
+    assert sys.path == before
+
+
+def test_a_factory_that_raises_is_one_line_naming_it(factories):
+    with pytest.raises(ConfigError) as caught:
+        from_factory(f"{factories}:broken", {"features": 3})
+    assert str(caught.value) == f"model.factory: '{factories}:broken' failed: ValueError: no width fits"
+
+
+def test_a_type_error_inside_the_factory_is_not_blamed_on_the_arguments(factories):
+    with pytest.raises(ConfigError, match=rf"^model\.factory: '{factories}:mistyped' failed: TypeError: "):
+        from_factory(f"{factories}:mistyped", {"features": 3})
+    with pytest.raises(ConfigError, match=rf"^model\.arguments: '{factories}:mistyped' refused them: "):
+        from_factory(f"{factories}:mistyped", {"width": 3})
+
+
+def test_a_module_that_fails_as_it_loads_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "shoal_trust_broken_module.py").write_text("raise RuntimeError('cannot start\\nat all')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "shoal_trust_broken_module", raising=False)
+    before = list(sys.path)
+    with pytest.raises(ConfigError) as caught:
+        from_factory("shoal_trust_broken_module:build", {})
+    assert str(caught.value) == "model.factory: cannot import 'shoal_trust_broken_module:build': cannot start"
+    assert sys.path == before
+
+
+def test_the_launcher_reports_a_failing_factory_in_one_line(tmp_path, factories, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))  # whatever the launcher's checks import, later tests start clean
+    train = write_dataset(tmp_path / "train")
+    job = tmp_path / "job.toml"
+    job.write_text(f'[model]\nfactory = "{factories}:broken"\narguments = {{ features = 3 }}\n'
+                   f'[data]\ntrain = "{train}"\n')
+    assert main(["train", str(job), "--run-dir", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == f"shoal: error: model.factory: '{factories}:broken' failed: ValueError: " \
+                                      "no width fits\n"
+    assert not (tmp_path / "run").exists()

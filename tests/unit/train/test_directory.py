@@ -1,0 +1,173 @@
+"""The run directory: held by one job at a time, a resolved job file written whole and never over the user's own,
+and a --run-dir that cannot be a folder refused in one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from shoal.errors import ConfigError
+from shoal.events import Checkpoint, append_event
+from shoal.jobs import from_dict, load_job
+from shoal.train.directory import JOB_FILE, MARKER, new_run_dir, write_job_file
+from shoal.train.lock import LOCK_FILE, hold_run_dir
+
+USERS_JOB = textwrap.dedent("""\
+    # my experiment: keep these notes
+    [model]
+    input = [4]
+    layers = [{ dense = 2 }]  # two classes
+
+    [data]
+    train = "/nowhere/train"
+""")
+
+
+def demo_job(epochs: int = 1):
+    return from_dict({"model": {"input": [4], "layers": [{"dense": 2}]}, "data": {"train": "/nowhere/train"},
+                      "train": {"epochs": epochs}}, name="demo")
+
+
+def enter(run_dir: Path) -> None:
+    with hold_run_dir(run_dir):
+        pass
+
+
+def one_line_error(call, *arguments) -> str:
+    with pytest.raises(ConfigError) as caught:
+        call(*arguments)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+# ---------------------------------------------------------------- the job file
+
+
+def test_the_resolved_job_file_opens_with_the_marker_and_reads_back_as_the_job(tmp_path):
+    job = demo_job(epochs=3)
+    path = write_job_file(tmp_path, job)
+    assert path == tmp_path / JOB_FILE
+    assert path.read_text().splitlines()[0] == MARKER
+    assert load_job(path).to_dict() == job.to_dict()
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == [JOB_FILE]  # no temporary file left behind
+
+
+def test_shoals_own_job_file_is_replaced_on_a_resume(tmp_path):
+    write_job_file(tmp_path, demo_job(epochs=1))
+    write_job_file(tmp_path, demo_job(epochs=5))
+    assert load_job(tmp_path / JOB_FILE).train.epochs == 5
+
+
+def test_the_users_job_file_in_the_run_directory_is_kept_byte_for_byte(tmp_path):
+    users = tmp_path / JOB_FILE
+    users.write_text(USERS_JOB)
+    expected = (f"{users}: not written by shoal (its first line is not {MARKER!r}), so shoal will not replace it; "
+                "choose another --run-dir")
+    assert one_line_error(new_run_dir, demo_job(), tmp_path) == expected
+    assert one_line_error(write_job_file, tmp_path, demo_job()) == expected
+    assert users.read_text() == USERS_JOB
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == [JOB_FILE]
+
+
+def test_a_worker_keeps_whatever_job_file_is_there(tmp_path):
+    (tmp_path / JOB_FILE).write_text(USERS_JOB)
+    assert write_job_file(tmp_path, demo_job(), replace=False).read_text() == USERS_JOB
+
+
+def test_a_job_file_beside_a_runs_events_is_the_runs_own(tmp_path):
+    """A run from a shoal that wrote no marker still resumes: its job file is replaced."""
+    (tmp_path / JOB_FILE).write_text(demo_job(epochs=1).to_toml())
+    append_event(tmp_path, Checkpoint(epoch=1, path="checkpoints/epoch-1"))
+    write_job_file(tmp_path, demo_job(epochs=4))
+    assert load_job(tmp_path / JOB_FILE).train.epochs == 4
+
+
+# ---------------------------------------------------------------- choosing a new run directory
+
+
+def test_a_run_dir_naming_a_file_is_refused(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    assert one_line_error(new_run_dir, demo_job(), notes) == \
+        f"{notes}: is a file, not a folder; choose another --run-dir"
+    assert notes.read_text() == "mine"
+
+
+def test_a_run_dir_under_a_file_is_refused(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    run_dir = notes / "deeper" / "run"
+    assert one_line_error(new_run_dir, demo_job(), run_dir) == \
+        f"{run_dir}: cannot be a folder: {notes} is a file; choose another --run-dir"
+    assert one_line_error(enter, run_dir).startswith(f"{run_dir}: cannot use as a run directory: ")
+
+
+def test_the_default_run_dir_under_a_file_named_runs_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("runs").write_text("mine")
+    message = one_line_error(new_run_dir, demo_job(), None)
+    assert message.startswith("runs/demo-") and message.endswith(": cannot be a folder: runs is a file; "
+                                                                  "choose another --run-dir")
+
+
+def test_a_folder_holding_a_run_is_refused_and_an_empty_one_taken(tmp_path):
+    assert new_run_dir(demo_job(), tmp_path / "new") == tmp_path / "new"
+    append_event(tmp_path, Checkpoint(epoch=1, path="p"))
+    assert one_line_error(new_run_dir, demo_job(), tmp_path) == \
+        f"{tmp_path}: already holds a run; choose another --run-dir"
+
+
+# ---------------------------------------------------------------- one job at a time
+
+HOLDER = textwrap.dedent("""\
+    import select, sys
+    from shoal.train.lock import hold_run_dir
+    with hold_run_dir(sys.argv[1]):
+        print("held", flush=True)
+        select.select([sys.stdin], [], [], 60)  # until the test closes stdin (or a minute)
+""")
+
+
+def start_holder(run_dir: Path, project_env: dict) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=project_env)
+    assert holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_a_second_job_is_refused_at_once_while_the_first_holds_the_run_dir(tmp_path, project_env):
+    run_dir = tmp_path / "run"
+    holder = start_holder(run_dir, project_env)
+    try:
+        began = time.monotonic()
+        message = one_line_error(enter, run_dir)
+        assert time.monotonic() - began < 5  # refused, not waiting for the holder
+        assert message == (f"{run_dir}: in use by another shoal job (pid {holder.pid} on {socket.gethostname()}); "
+                           "wait for it or choose another --run-dir")
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    with hold_run_dir(run_dir):  # the holder is done: the run directory is free
+        assert (run_dir / LOCK_FILE).read_text() == f"{os.getpid()} {socket.gethostname()}\n"
+
+
+def test_a_job_killed_while_holding_the_run_dir_does_not_keep_it(tmp_path, project_env):
+    run_dir = tmp_path / "run"
+    holder = start_holder(run_dir, project_env)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=30)
+    holder.stdin.close()
+    with hold_run_dir(run_dir) as held:
+        assert held == run_dir
+        assert (run_dir / LOCK_FILE).read_text() == f"{os.getpid()} {socket.gethostname()}\n"
+        # and while this process holds it, another job is refused
+        assert "in use by another shoal job" in one_line_error(enter, run_dir)
