@@ -7,6 +7,7 @@ start it directly: `torchrun --nproc-per-node 4 -m shoal.worker job.toml`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import choose_device, get_dist_info, init_process_group, threads_per_worker
 from shoal.cluster.environments import Slurm
-from shoal.cluster.orphan import end_with_parent
+from shoal.cluster.orphan import end_with_parent, under_shoal_launcher
 from shoal.cluster.requeue import EXIT_REQUEUED, EpochEndStop, StopRequested, requeue
 from shoal.errors import ShoalError, first_line
 from shoal.events import JobEnd, append_event
@@ -26,6 +27,7 @@ from shoal.jobs import load_job
 from shoal.process import end_process
 from shoal.train.directory import new_run_dir, write_job_file
 from shoal.train.exits import outside_recorder
+from shoal.train.lock import hold_run_dir
 from shoal.train.runner import run_worker
 
 
@@ -46,10 +48,13 @@ def run(argv: list[str] | None = None) -> dict:
     info = init_process_group(info, device, job.cluster.timeout)
     recorder = outside_recorder(info)  # under torchrun, srun or mpirun the workers record failures themselves
     stop = slurm_warning(info, fixed_run_dir=bool(args.run_dir or job.output.run_dir))
+    held = contextlib.ExitStack()
     try:
         run_dir = Path(args.run_dir) if args.run_dir else (new_run_dir(job, None) if info.rank == 0 else None)
         run_dir = Path(Communicator(info.rank, info.world_size, device=device).broadcast_object(str(run_dir)))
         if info.rank == 0:
+            if not under_shoal_launcher():  # started by torchrun, srun or mpirun: rank 0 holds it for the job
+                held.enter_context(hold_run_dir(run_dir))
             run_dir.mkdir(parents=True, exist_ok=True)
             write_job_file(run_dir, job, replace=False)
         if recorder is not None:
@@ -65,6 +70,7 @@ def run(argv: list[str] | None = None) -> dict:
             recorder.failed(first_line(error))
         raise
     finally:
+        held.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 

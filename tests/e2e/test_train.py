@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import pytest
 import shoal
 from shoal.data.format import open_dataset
 from shoal.events import read_events
+from shoal.train.lock import hold_run_dir
 from tests.distributed.harness import free_port
 from tests.e2e.jobs import write_job, write_task
 
@@ -125,6 +127,20 @@ def test_torchrun_runs_the_worker_module(task, tmp_path, project_env):
     assert finished.returncode == 0, finished.stderr
     end = [e for e in read_events(run_dir) if e["event"] == "job_end"]
     assert end and end[0]["test"]["accuracy"] > 0.8
+
+
+def test_torchrun_is_refused_a_run_directory_another_job_holds(task, tmp_path, project_env):
+    train, test = task
+    job = write_job(tmp_path / "job.toml", train, test, algorithm="sync")
+    run_dir = tmp_path / "run"
+    with hold_run_dir(run_dir):  # as a running job's launcher holds it
+        finished = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+             "--log-dir", str(tmp_path / "torchrun-logs"), "-m", "shoal.worker", str(job), "--run-dir", str(run_dir)],
+            capture_output=True, text=True, env=project_env, timeout=TIMEOUT)
+    assert finished.returncode != 0
+    assert f"{run_dir}: in use by another shoal job (pid {os.getpid()} on " in finished.stderr, finished.stderr[-2000:]
+    assert sorted(path.name for path in run_dir.iterdir()) == [".lock"]  # nothing written into the other's run
 
 
 def test_two_nodes_join_through_the_rendezvous(task, tmp_path, project_env):
