@@ -14,7 +14,7 @@ from shoal.config import JobConfig, apply_overrides, parse_override
 from shoal.errors import ConfigError
 from shoal.events import EpochEnd, read_history
 from shoal.jobs import from_dict, load_job
-from shoal.model import Trust, untrusted
+from shoal.model import Trust, check_trusted
 from shoal.supervisor import Plan, supervise
 from shoal.train.artifacts import load_model
 from shoal.train.checkpoint import check_resumable
@@ -122,9 +122,7 @@ def resumed_job(run_dir: str | Path, overrides=(), trust_code: bool = False) -> 
     if not job_file.exists():
         raise ConfigError(f"{run_dir}: no job.toml: not a shoal run directory")
     job = resolve_job(job_file, overrides)
-    factory = job.model.factory
-    if factory and trust_code is not True and factory != named_factory(overrides):
-        raise ConfigError(untrusted(str(job_file), factory))
+    check_trusted({"factory": job.model.factory}, str(job_file), trust_code or named_factory(overrides) or False)
     return job
 
 

@@ -35,8 +35,8 @@ import pyarrow.parquet as pq
 
 from shoal.data import leftovers
 from shoal.data.meta import FORMAT_NAME, FORMAT_VERSION, check_meta, number_dtype
-from shoal.data.retry import TRIES, gave_up, pause, retried, transient
-from shoal.durable import replace_durably, write_text_durably
+from shoal.data.retry import after_failure, retried, transient
+from shoal.durable import replace_durably
 from shoal.errors import DataError
 
 ROW_GROUP_BYTES = 16 * 2**20  # the unit a worker reads: small enough to bound memory, large enough to stream
@@ -85,13 +85,18 @@ class Dataset:
     def num_classes(self) -> int | None:
         return None if self.classes is None else len(self.classes)
 
+    def description_digest(self) -> Any:
+        """A sha256 of meta.json's content (rows, files, row groups, shape, classes, lineage): tells
+        apart two datasets of as many rows, and not one dataset from itself moved elsewhere."""
+        return hashlib.sha256(json.dumps(self.meta, sort_keys=True).encode())
+
     def fingerprint(self) -> str:
         """A digest of the description and of every file's size and modification time.
 
         Any rewrite of the dataset changes it, so a cache made from the dataset is reused only
         while the dataset is unchanged.
         """
-        digest = hashlib.sha256(json.dumps(self.meta, sort_keys=True).encode())
+        digest = self.description_digest()
         paths = [f"{self._root}/{info.name}" for info in self.files]
         try:
             stats = retried(lambda: self._filesystem.get_file_info(paths), self.path)
@@ -163,7 +168,7 @@ class Dataset:
         """Rows [lo, hi) of the file whose first row is dataset row `first`: (dataset row, features, labels).
 
         A transient store error opens the file again and goes on from the first row not yet
-        given, after a pause; `TRIES` failures in a row are a `DataError`.
+        given, after a pause; `TRIES` failures in a row are a `StoreError`.
         """
         where, failures = f"{self.path}/{info.name}", 0
         while True:
@@ -181,12 +186,9 @@ class Dataset:
                         group_first += group_rows
                 return
             except OSError as error:
-                failures += 1
                 if not transient(error):
                     raise DataError(f"{where}: cannot read Parquet file: {error}") from None
-                if failures >= TRIES:
-                    raise gave_up(where, error) from None
-                pause(failures)
+                failures = after_failure(error, failures, where)
             except (pa.ArrowException, ValueError) as error:
                 raise DataError(f"{where}: cannot read Parquet file: {error}") from None
 
@@ -470,7 +472,8 @@ class DatasetWriter:
             "files": self._files,
             **self.extra_meta,
         }
-        write_text_durably(os.path.join(self._temporary, META_FILE), json.dumps(meta, indent=1))
+        with open(os.path.join(self._temporary, META_FILE), "w") as handle:
+            json.dump(meta, handle, indent=1)
         if os.path.exists(self.path):
             if not self.overwrite:
                 self.abort()

@@ -22,6 +22,8 @@ import socket
 import threading
 import uuid
 
+import psutil
+
 HOST = socket.gethostname()
 SUFFIX = ".tmp"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -42,16 +44,6 @@ def owner(name: str) -> int | None:
     return int(parts[1])
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def sweep(folder: str, prefix: str) -> list[str]:
     """Remove the temporaries in `folder` whose names begin with `prefix` and whose owner has ended."""
     try:
@@ -61,7 +53,7 @@ def sweep(folder: str, prefix: str) -> list[str]:
     removed = []
     for name in names:
         pid = owner(name) if name.startswith(prefix) else None
-        if pid is None or alive(pid):
+        if pid is None or psutil.pid_exists(pid):  # another user's process counts as alive
             continue
         path = os.path.join(folder, name)
         remove(path)

@@ -38,6 +38,16 @@ def gave_up(where: str, error: BaseException) -> StoreError:
                      "this may be transient: run again")
 
 
+def after_failure(error: OSError, failures: int, where: str) -> int:
+    """Count one more transient failure of a read: pause before the next try and return the count,
+    or raise a `StoreError` naming `where` once `TRIES` reads have failed."""
+    failures += 1
+    if failures >= TRIES:
+        raise gave_up(where, error) from None
+    pause(failures)
+    return failures
+
+
 def retried(read: Callable[[], Result], where: str) -> Result:
     """`read()`, tried again after a pause while it fails transiently; a `StoreError` naming `where`
     once it has failed `TRIES` times. Any other error passes through unchanged."""
@@ -48,7 +58,4 @@ def retried(read: Callable[[], Result], where: str) -> Result:
         except OSError as error:
             if not transient(error):
                 raise
-            failures += 1
-            if failures >= TRIES:
-                raise gave_up(where, error) from None
-            pause(failures)
+            failures = after_failure(error, failures, where)

@@ -178,9 +178,8 @@ def predict(run_dir: str | Path, dataset_path: str, out: str | Path, batch_size:
     out = check_out(run_dir, out, overwrite)
     path = Path(run_dir) / MODEL_FILE
     artifact = load_artifact(run_dir)
-    check_trusted(artifact["spec"], str(path), trust_code)
+    model = rebuild(artifact, path, trust_code)  # refused here, before anything else, unless trusted
     dataset = open_dataset(dataset_path)
     check_dataset(artifact, dataset, path)
-    model = rebuild(artifact, path, trust_code)
     write_predictions(pa.table(prediction_columns(model, artifact, dataset, batch_size)), out, overwrite)
     return dataset.rows

@@ -19,7 +19,6 @@ epoch every rank holds, agreed over the process group.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import re
@@ -34,8 +33,8 @@ import torch
 
 from shoal.cluster.collectives import Communicator
 from shoal.data.format import META_FILE, Dataset
-from shoal.durable import sync_folder, sync_tree
-from shoal.errors import ConfigError, DataError
+from shoal.durable import sync_folder
+from shoal.errors import ConfigError
 
 CHECKPOINTS = "checkpoints"
 COORDINATOR_FILE = "coordinator.pt"
@@ -145,7 +144,7 @@ class Checkpointer:
     def publish(self, temporary: Path, epoch: int) -> None:
         """Rename a complete temporary folder into place, on disk before any older copy goes."""
         final, aside = self.root / folder_name(epoch), self.root / aside_name(epoch)
-        sync_tree(temporary)
+        sync_folder(temporary)  # each file was flushed by the rank that wrote it (_save)
         if final.exists():  # the same epoch redone after a restart: kept aside until the new one is on disk
             shutil.rmtree(aside, ignore_errors=True)  # an earlier redo's leftover; `final` holds the epoch
             os.rename(final, aside)
@@ -274,13 +273,8 @@ UNCHECKED = {
 
 
 def dataset_identity(dataset: Dataset) -> str:
-    """The sha256 of the dataset's meta.json bytes: its rows, files, row groups, shape and classes, so a
-    dataset with as many rows is told apart, and the same one moved elsewhere is not."""
-    try:
-        with dataset._filesystem.open_input_stream(f"{dataset._root}/{META_FILE}") as stream:
-            return hashlib.sha256(stream.read()).hexdigest()
-    except OSError as error:
-        raise DataError(f"{dataset.path}/{META_FILE}: cannot be read: {error}") from None
+    """The training data as a resume tells it apart: the digest of its description (meta.json)."""
+    return dataset.description_digest().hexdigest()
 
 
 def fingerprint(job, spec: dict, train_set: Dataset, world_size: int) -> dict:
