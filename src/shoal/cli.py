@@ -288,6 +288,18 @@ def command_scaling_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from shoal.api import resolve_job
+    from shoal.plan.command import plan_job
+
+    job = resolve_job(args.job, args.overrides)
+    plan, text = plan_job(job, args)
+    print(json.dumps(plan.to_dict(), indent=1) if args.json else text)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="shoal", description=DESCRIPTION)
     commands = root.add_subparsers(dest="command", required=True)
@@ -430,6 +442,8 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
         command.set_defaults(handler=command_scaling if command is scaling else command_scaling_report)
 
+    add_plan_parser(commands)
+
     algorithms = commands.add_parser("algorithms", help="the algorithms a job can name (algorithm.name)")
     algorithms.set_defaults(handler=command_algorithms)
 
@@ -437,6 +451,30 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", help="a run directory")
     report.set_defaults(handler=command_report)
     return root
+
+
+def add_plan_parser(commands) -> None:
+    plan = commands.add_parser("plan", help="predict epoch time, job time and speedup per cluster size and algorithm")
+    plan.add_argument("job", type=Path, help="the job file (TOML)")
+    where = plan.add_mutually_exclusive_group()
+    where.add_argument("--hosts", metavar="HOST[,HOST...]", help="the machines: the network is measured between the "
+                       "first two (reached by cluster.remote, ssh {host}); plans 1 to all of them")
+    where.add_argument("--nodes", metavar="N[,N...]", help="node counts to plan (default 1,2,4,8,16)")
+    plan.add_argument("--workers-per-node", type=int, default=1, metavar="K", help="workers on each machine")
+    plan.add_argument("--link", metavar="RATE", help="describe the network instead of measuring it, like 1gbit, "
+                      "100mbit (default without --hosts or --profile: 1gbit)")
+    plan.add_argument("--latency", metavar="TIME", help="with --link: each message's fixed cost, like 0.1ms")
+    plan.add_argument("--rows", type=int, help="plan for this many training rows instead of data.train's")
+    plan.add_argument("--algorithms", metavar="NAME[,NAME...]",
+                      help="algorithms to compare (default: the job's, sync, averaging, downpour)")
+    plan.add_argument("--profile", type=Path, help="reuse a saved profile: its network, and its compute for the same model "
+                      "(leave it out to measure again)")
+    plan.add_argument("--save-profile", type=Path, metavar="PATH", help="write the measured profile here")
+    plan.add_argument("--plot", type=Path, metavar="PNG", help="write the predicted curves to this image")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a job key (repeatable)")
+    plan.set_defaults(handler=command_plan)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,6 +39,13 @@ def unset_interfaces(env: dict | None) -> dict:
     return {key: value for key, value in (env or os.environ).items() if key not in SOCKET_VARIABLES}
 
 
+class HostCommandFailed(subprocess.CalledProcessError):
+    """A command run on a host failed; its message ends with the command's last error lines."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{(self.stderr or '')[-2000:]}"
+
+
 def _ip(*arguments: str) -> None:
     subprocess.run(["ip", *arguments], check=True, capture_output=True, text=True)
 
@@ -136,9 +143,12 @@ class EmulatedCluster:
         return process
 
     def run(self, host: int, command: list[str], env: dict | None = None, timeout: float = 60) -> str:
-        """Run `command` on `host` to its end; its output (a failure raises CalledProcessError)."""
-        return subprocess.run(self.command(host, command), env=unset_interfaces(env), capture_output=True, text=True,
-                              check=True, timeout=timeout).stdout
+        """Run `command` on `host` to its end; its output (a failure raises an error with its last lines)."""
+        done = subprocess.run(self.command(host, command), env=unset_interfaces(env), capture_output=True, text=True,
+                              timeout=timeout)
+        if done.returncode != 0:
+            raise HostCommandFailed(done.returncode, command, done.stdout, done.stderr)
+        return done.stdout
 
     def cut_link(self, host: int) -> None:
         """Take `host`'s network link down, as a pulled cable would (no packet is answered or refused)."""

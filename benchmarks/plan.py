@@ -1,0 +1,175 @@
+"""`shoal plan`'s predictions against measured epochs on the emulated cluster.
+
+For each link rate (1 Gbit/s, 100 Mbit/s, 10 Mbit/s) an emulated cluster of 2 hosts (each its
+own core, 1 worker of 1 thread) is built; `shoal plan --hosts host0,host1` runs on host0 and
+measures there (compute for each model, the network between the hosts, saved as a profile);
+then every job is trained for real, on one host (1 worker) and on two (sync, averaging, Downpour
+with its server on host0), at batch 128 and 1024, for two model sizes (784-40-10 and 784-256-10
+on MNIST-shaped digits), and the second epoch's seconds are compared with the prediction.
+Downpour needs a server and a trainer, so it has no one-host row. Needs root, `ip`, `tc`, 2 cores.
+
+    .venv/bin/python -m benchmarks.plan            # about 15 minutes on 2 cores
+    .venv/bin/python -m benchmarks.plan --quick    # one model, batch 128, 1gbit and 10mbit
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from tests.cluster.hosts import EmulatedCluster, missing_requirements
+from tests.cluster.jobs import log_of, start_on_two_hosts
+
+from benchmarks.common import ROOT, WORK, machine, machine_line, write_result
+from shoal.data.synthetic import synth_digits
+from shoal.events import read_history
+
+RATES = {"1gbit": 40_000, "100mbit": 40_000, "10mbit": 8_000}  # link -> training rows (fewer where slow)
+MODELS = {"784-40-10": 40, "784-256-10": 256}
+ALGORITHMS = ("sync", "averaging", "downpour")
+BATCHES = (128, 1024)
+GOAL = 0.15
+
+
+def write_job(folder: Path, train: Path, model: str, algorithm: str, batch: int, remote: Path) -> Path:
+    path = folder / f"{model}-{algorithm}-{batch}-{train.name}.toml"
+    path.write_text(f"""
+[model]
+input = [784]
+layers = [{{ dense = {MODELS[model]}, activation = "sigmoid" }}, {{ dense = 10 }}]
+[data]
+train = "{train}"
+[algorithm]
+name = "{algorithm}"
+[train]
+epochs = 2
+batch_size = {batch}
+optimizer = {{ name = "sgd", lr = 0.1, momentum = 0.9 }}
+[checkpoint]
+every = 0
+[cluster]
+threads = 1
+timeout = 900
+remote = "{remote} {{host}}"
+[output]
+progress = "none"
+""")
+    return path
+
+
+def environment() -> dict:
+    return dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}")
+
+
+def predicted(cluster: EmulatedCluster, job: Path, profile: Path, algorithm: str) -> dict:
+    """`shoal plan` on host0 for 1 and 2 nodes: node count -> its prediction."""
+    command = [sys.executable, "-m", "shoal", "plan", str(job), "--hosts", "host0,host1", "--algorithms", algorithm,
+               "--json", "--save-profile", str(profile)]
+    if profile.exists():
+        command += ["--profile", str(profile)]
+    plan = json.loads(cluster.run(0, command, env=environment(), timeout=600))
+    return {row["nodes"]: row for row in plan["predictions"]}
+
+
+def second_epoch(run_dir: Path) -> dict:
+    epoch = read_history(run_dir).epochs[-1]
+    return {"seconds": epoch.seconds, "communication": epoch.seconds_split.communication}
+
+
+def measured(cluster: EmulatedCluster, job: Path, nodes: int, name: str) -> dict:
+    run_dir = cluster.shared / name
+    if nodes == 1:
+        command = [sys.executable, "-m", "shoal", "train", str(job), "--workers", "1", "--run-dir", str(run_dir)]
+        launchers = [cluster.start(0, command, env=environment(), log=cluster.shared / f"{name}-host0.log")]
+    else:
+        launchers = start_on_two_hosts(cluster, str(job), run_dir, environment())
+    for host, launcher in enumerate(launchers):
+        if launcher.wait(timeout=1800) != 0:
+            raise RuntimeError(f"{name} host {host}: {log_of(cluster, run_dir, host)[-2000:]}")
+    return second_epoch(run_dir)
+
+
+def run_rate(rate: str, rows: int, models: list[str], batches: list[int], one_host: bool) -> list[dict]:
+    train = WORK / f"digits-{rows}"
+    if not train.exists():
+        synth_digits(train, rows, seed=1)
+    results = []
+    with EmulatedCluster(hosts=2, rate=rate) as cluster:
+        for model in models:
+            profile = cluster.shared / f"profile-{model}.json"
+            for algorithm in ALGORITHMS:
+                for batch in batches:
+                    job = write_job(cluster.shared, train, model, algorithm, batch, cluster.enter)
+                    plan = predicted(cluster, job, profile, algorithm)
+                    for nodes in ((1, 2) if one_host and algorithm != "downpour" else (2,)):
+                        name = f"{model}-{algorithm}-{batch}-{nodes}"
+                        real = measured(cluster, job, nodes, name)
+                        row = {"rate": rate if nodes == 2 else "-", "rows": rows, "model": model,
+                               "algorithm": algorithm, "batch": batch, "nodes": nodes,
+                               "predicted": plan[nodes]["epoch_seconds"],
+                               "predicted_communication": plan[nodes]["communication_seconds"],
+                               "measured": real["seconds"], "measured_communication": real["communication"]}
+                        row["error"] = row["predicted"] / row["measured"] - 1
+                        results.append(row)
+                        print(f"{rate} {name}: predicted {row['predicted']:.2f} s, measured {row['measured']:.2f} s "
+                              f"({row['error']:+.0%})", flush=True)
+            results_profile = json.loads(profile.read_text())
+            results.append({"profile": results_profile, "rate": rate, "model": model})
+    return results
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| link | rows | model | algorithm | batch | hosts | predicted s/epoch | measured s/epoch | error | "
+             "predicted comm. | measured comm. |", "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for row in rows:
+        lines.append(f"| {row['rate']} | {row['rows']:,} | {row['model']} | {row['algorithm']} | {row['batch']} | "
+                     f"{row['nodes']} | {row['predicted']:.3f} | {row['measured']:.3f} | {row['error']:+.1%} | "
+                     f"{row['predicted_communication']:.3f} | {row['measured_communication']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one model, batch 128, 1gbit and 10mbit")
+    parser.add_argument("--rates", help="comma-separated subset of " + ",".join(RATES))
+    args = parser.parse_args(argv)
+    reason = missing_requirements(2)
+    if reason:
+        sys.exit(f"benchmarks.plan: {reason}")
+    rates = args.rates.split(",") if args.rates else (["1gbit", "10mbit"] if args.quick else list(RATES))
+    models = list(MODELS)[:1] if args.quick else list(MODELS)
+    batches = [128] if args.quick else list(BATCHES)
+    began, found = time.monotonic(), []
+    for number, rate in enumerate(rates):
+        found += run_rate(rate, RATES[rate], models, batches, one_host=number == 0)
+    rows = [row for row in found if "error" in row]
+    errors = [abs(row["error"]) for row in rows]
+    within = sum(error <= GOAL for error in errors)
+    info = machine()
+    markdown = f"""# shoal plan: predicted against measured epoch times
+
+{machine_line(info)}; the emulated cluster: 2 network namespaces on a bridge, each host pinned to its
+own core with 1 worker of 1 thread, its link shaped with `tc tbf` (no netem: no added latency).
+`shoal plan --hosts host0,host1` ran on host0: it measured compute there for each model and the
+network between the hosts, and predicted each job's epoch; each job then trained for 2 epochs and
+its second epoch is compared. MNIST-shaped digits, SGD with momentum; Downpour's server is host0's
+worker, its one trainer host1's. `.venv/bin/python -m benchmarks.plan{' --quick' if args.quick else ''}`
+({time.monotonic() - began:.0f} s).
+
+**{within} of {len(rows)} predictions within {GOAL:.0%} of the measurement; median error
+{statistics.median(errors):.1%}, largest {max(errors):.1%}.**
+
+{table(rows)}
+"""
+    path = write_result("plan-quick" if args.quick else "plan", markdown, {"machine": info, "results": found})
+    print(markdown)
+    print(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Capacity planning: predict a job's epoch and job time on any cluster before booking the machines."""

@@ -1,0 +1,101 @@
+"""Calibration: the profile a plan needs, measured where it can be and described where the user says so.
+
+Compute is measured here for the job's model (a profile measured on another model is not
+reused for it). A saved profile's network is reused; otherwise the network is measured between
+the first two of the given hosts, each rank started through the cluster's remote command, and
+loopback (workers of one machine) on the first host when several workers share a machine. A
+link the user describes (`--link 1gbit --latency 0.1ms`) is taken as given.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from shoal.bench.machine import describe
+from shoal.cluster.remote import remote_command
+from shoal.config import JobConfig
+from shoal.errors import ConfigError
+from shoal.plan.compute_probe import measure_compute, model_key
+from shoal.plan.costs import Link
+from shoal.plan.network_probe import links, probe_command, run_pair
+from shoal.plan.profile import Network, Profile
+
+DEFAULT_RATE, DEFAULT_LATENCY = "1gbit", "0.1ms"
+LOOPBACK = Link(latency=30e-6, bandwidth=2e9)  # the default inside a machine when not measured
+RATE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def parse_rate(text: str, where: str = "--link") -> float:
+    """'1gbit', '100mbit', '10Mbit', '1e9' -> bits per second."""
+    match = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([kmgt]?)(?:bit|bps|b)?(?:/s)?\s*", text.lower())
+    if match is None or float(match.group(1)) <= 0:
+        raise ConfigError(f"{where}: cannot read {text!r} as a link rate (like 1gbit, 100mbit, 10mbit)")
+    return float(match.group(1)) * RATE_UNITS[match.group(2)]
+
+
+def parse_latency(text: str, where: str = "--latency") -> float:
+    """'0.1ms', '50us', '0' -> seconds."""
+    match = re.fullmatch(r"\s*([0-9.]+(?:e-?[0-9]+)?)\s*(s|ms|us|µs|ns)?\s*", text.lower())
+    if match is None:
+        raise ConfigError(f"{where}: cannot read {text!r} as a time (like 0.1ms, 50us)")
+    return float(match.group(1)) * TIME_UNITS[match.group(2) or "s"]
+
+
+def described_network(rate: str, latency: str, inside: Link = LOOPBACK) -> Network:
+    link = Link(latency=parse_latency(latency), bandwidth=parse_rate(rate) / 8)
+    return Network(across=link, inside=inside, source=f"described: {rate}, {latency} per message")
+
+
+def measured_pair(first: str, second: str, template: str | None, port: int) -> dict:
+    """Rank 0 on `first`, rank 1 on `second` (through `template`, or here when it is None)."""
+    address = first if template else "127.0.0.1"
+    commands = [probe_command(rank, address, peer if template else address, port)
+                for rank, peer in enumerate((second, first))]
+    if template:
+        commands = [remote_command(template, host, command) for host, command in zip((first, second), commands)]
+    return run_pair(commands, f"{first} and {second}")
+
+
+def measure_network(hosts: list[str], template: str, port: int, per_node: int) -> Network:
+    """The link between the first two hosts, and loopback on the first when workers share a machine."""
+    print(f"shoal plan: measuring the network between {hosts[0]} and {hosts[1]}", file=sys.stderr)
+    across, message = links(measured_pair(hosts[0], hosts[1], template, port))
+    inside = LOOPBACK
+    if per_node > 1:
+        inside, _ = links(measured_pair(hosts[0], hosts[0], template, port))
+    return Network(across=across, inside=inside, message_across=message,
+                   source=f"measured between {hosts[0]} and {hosts[1]}")
+
+
+def measure_loopback(port: int) -> Link:
+    ring, _ = links(measured_pair("this machine", "this machine", None, port))
+    return ring
+
+
+def calibrate(job: JobConfig, profile: Profile | None, *, threads: int, hosts: list[str] | None = None,
+              rate: str | None = None, latency: str | None = None, per_node: int = 1) -> Profile:
+    """A profile for planning `job`: what `profile` holds that still applies, the rest measured or described."""
+    profile = profile or Profile()
+    compute = profile.compute
+    if compute is None or compute.threads != threads or compute.model != model_key_of(job):
+        print(f"shoal plan: measuring this machine's compute for the job's model ({threads} thread(s))",
+              file=sys.stderr)
+        compute = measure_compute(job, threads)
+    network = profile.network
+    if rate is not None or latency is not None:
+        inside = network.inside if network else LOOPBACK
+        network = described_network(rate or DEFAULT_RATE, latency or DEFAULT_LATENCY, inside)
+    elif network is None and hosts and len(hosts) > 1:
+        network = measure_network(hosts, job.cluster.remote, job.cluster.port, per_node)
+    elif network is None:
+        network = described_network(DEFAULT_RATE, DEFAULT_LATENCY)
+    machine = profile.machine if compute is profile.compute and profile.machine else describe()
+    return Profile(machine=machine, compute=compute, network=network)
+
+
+def model_key_of(job: JobConfig) -> str:
+    from shoal.train.prepare import model_spec, open_dataset
+
+    return model_key(model_spec(job, open_dataset(job.data.train)))

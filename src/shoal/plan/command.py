@@ -1,0 +1,63 @@
+"""`shoal plan`'s steps: read the options, calibrate (or reuse a profile), plan, render; the CLI stays thin."""
+
+from __future__ import annotations
+
+import sys
+
+from shoal.cluster.env import cores
+from shoal.config import JobConfig
+from shoal.errors import ConfigError
+from shoal.plan.calibrate import calibrate
+from shoal.plan.planner import COMPARED, Plan, job_shape, make_plan
+from shoal.plan.profile import load_profile
+from shoal.plan.render import plot, render
+
+DEFAULT_NODES = (1, 2, 4, 8, 16)
+KNOWN = ("sync", "averaging", "downpour", "easgd", "none")
+
+
+def node_counts(text: str | None, hosts: list[str] | None) -> list[int]:
+    if hosts:
+        return list(range(1, len(hosts) + 1))
+    if text is None:
+        return list(DEFAULT_NODES)
+    try:
+        counts = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        raise ConfigError(f"--nodes: expected node counts like 1,2,4,8, got {text!r}") from None
+    if not counts or counts[0] < 1:
+        raise ConfigError(f"--nodes: node counts must be >= 1, got {text!r}")
+    return counts
+
+
+def algorithms(text: str | None, job: JobConfig) -> list[str]:
+    names = list(dict.fromkeys([job.algorithm.name, *COMPARED])) if text is None else text.split(",")
+    for name in names:
+        if name not in KNOWN:
+            raise ConfigError(f"--algorithms: unknown algorithm {name!r} (one of {', '.join(KNOWN)})")
+    return names
+
+
+def plan_job(job: JobConfig, args) -> tuple[Plan, str]:
+    """Calibrate as the options say, then plan every node count and algorithm; (the plan, its text)."""
+    hosts = [host.strip() for host in args.hosts.split(",")] if args.hosts else None
+    if args.workers_per_node < 1:
+        raise ConfigError(f"--workers-per-node: must be >= 1, got {args.workers_per_node}")
+    if args.latency is not None and args.link is None:
+        raise ConfigError("--latency: only with --link (a described network)")
+    if args.rows is not None and args.rows < 1:
+        raise ConfigError(f"--rows: must be >= 1, got {args.rows}")
+    nodes = node_counts(args.nodes, hosts)
+    names = algorithms(args.algorithms, job)
+    threads = job.cluster.threads or max(1, cores() // args.workers_per_node)
+    profile = load_profile(args.profile) if args.profile else None
+    profile = calibrate(job, profile, threads=threads, hosts=hosts, rate=args.link, latency=args.latency,
+                        per_node=args.workers_per_node)
+    if args.save_profile:
+        profile.save(args.save_profile)
+        print(f"shoal plan: profile saved to {args.save_profile}", file=sys.stderr)
+    shapes = [job_shape(job, args.rows, name) for name in names]
+    plan = make_plan(shapes, nodes, args.workers_per_node, profile)
+    if args.plot:
+        print(f"shoal plan: curves in {plot(plan, args.plot)}", file=sys.stderr)
+    return plan, render(plan, profile, args.workers_per_node)

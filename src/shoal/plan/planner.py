@@ -1,0 +1,117 @@
+"""`shoal plan`'s answer: predictions per cluster size and algorithm, crossovers and a recommendation.
+
+The user's first question before booking machines is "how many, which algorithm, how long?".
+The planner predicts every (node count, algorithm) pair for the job's model and data, finds for
+each node count the smallest dataset at which it beats the count below it (the Parallel SGD
+study's crossover), and recommends the smallest cluster within a tenth of the fastest job, with
+its reason in one line.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from shoal.config import JobConfig
+from shoal.plan.costs import crossover
+from shoal.plan.predict import Layout, Prediction, Shape, name, predict, trainers
+from shoal.plan.profile import Profile
+
+COMPARED = ("sync", "averaging", "downpour")
+CLOSE_ENOUGH = 1.10  # a cluster within this factor of the fastest job is worth its fewer machines
+COMMUNICATION_BOUND = 0.5  # above this share of the epoch, a larger batch is suggested
+
+
+def job_shape(job: JobConfig, rows: int | None = None, algorithm: str | None = None) -> Shape:
+    """The planner's view of `job` (its training set's rows, or `rows`), optionally under another algorithm."""
+    from shoal.train.prepare import allocate_model, model_spec, open_dataset
+
+    train_set = open_dataset(job.data.train)
+    test_rows = open_dataset(job.data.test).rows if job.data.test else 0
+    model = allocate_model(model_spec(job, train_set))
+    buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point())
+    name = algorithm or job.algorithm.name
+    options = dict(job.algorithm.options) if name == job.algorithm.name else {}
+    return Shape(parameters=sum(p.numel() for p in model.parameters()), buffers=buffers,
+                 rows=rows if rows is not None else train_set.rows, test_rows=test_rows, batch=job.train.batch_size,
+                 epochs=job.train.epochs, eval_every=job.train.eval_every, algorithm=name, options=options,
+                 groups=job.cluster.groups)
+
+
+@dataclass
+class Plan:
+    predictions: list[Prediction]
+    crossovers: dict[str, dict[int, float | None]] = field(default_factory=dict)
+    """Algorithm -> node count -> the rows from which it beats the node count before it."""
+    recommendation: str = ""
+    baseline: dict[str, float] = field(default_factory=dict)
+    """Algorithm -> the job seconds of the smallest cluster, for speedups."""
+
+    def speedup(self, prediction: Prediction) -> float:
+        return self.baseline[prediction.algorithm] / prediction.job_seconds
+
+    def efficiency(self, prediction: Prediction, smallest: int) -> float:
+        return self.speedup(prediction) * smallest / prediction.nodes
+
+    def to_dict(self) -> dict:
+        return {"predictions": [{**asdict(p), "speedup": self.speedup(p), "communication_share": p.communication_share}
+                                for p in self.predictions],
+                "crossovers": {name: {str(n): rows for n, rows in found.items()}
+                               for name, found in self.crossovers.items()},
+                "recommendation": self.recommendation}
+
+
+def usable(shape: Shape, layout: Layout) -> bool:
+    """Whether the algorithm can run on this many workers (a server needs a trainer besides itself)."""
+    return trainers(shape, layout) >= max(1, shape.groups) and shape.rows // max(trainers(shape, layout), 1) > 0
+
+
+def make_plan(shapes: list[Shape], nodes: list[int], per_node: int, profile: Profile) -> Plan:
+    predictions = [predict(shape, Layout(count, per_node), profile.compute, profile.network)
+                   for shape in shapes for count in nodes if usable(shape, Layout(count, per_node))]
+    plan = Plan(predictions)
+    for name in dict.fromkeys(p.algorithm for p in predictions):
+        own = [p for p in predictions if p.algorithm == name]
+        plan.baseline[name] = own[0].job_seconds
+        plan.crossovers[name] = {later.nodes: crossover(earlier.line, later.line)
+                                 for earlier, later in zip(own, own[1:])}
+    plan.recommendation = recommend(plan, shapes, per_node, profile)
+    return plan
+
+
+def recommend(plan: Plan, shapes: list[Shape], per_node: int, profile: Profile) -> str:
+    """The smallest cluster within CLOSE_ENOUGH of the fastest job, its algorithm, and a batch size."""
+    fastest = min(plan.predictions, key=lambda p: p.job_seconds)
+    chosen = min((p for p in plan.predictions if p.job_seconds <= fastest.job_seconds * CLOSE_ENOUGH),
+                 key=lambda p: (p.nodes, p.job_seconds))
+    shape = {name(s): s for s in shapes}[chosen.algorithm]
+    smallest = min(p.nodes for p in plan.predictions)
+    reason = (f"{plan.speedup(chosen):.1f}x the job time of {smallest} node(s)" if chosen.nodes != smallest
+              else "more machines do not pay for this much data")
+    if chosen is not fastest:
+        reason += (f"; {fastest.nodes} node(s) with {fastest.algorithm} would save only "
+                   f"{1 - fastest.job_seconds / chosen.job_seconds:.0%} more")
+    batch = shape.batch
+    if chosen.communication_share > COMMUNICATION_BOUND:
+        batch = larger_batch(shape, Layout(chosen.nodes, per_node), profile) or batch
+        if batch != shape.batch:
+            reason += (f"; {chosen.communication_share:.0%} of its epoch is communication, batch {batch} "
+                       f"brings it under {COMMUNICATION_BOUND:.0%} (check the accuracy)")
+    return f"{chosen.nodes} node(s) x {per_node} worker(s), {chosen.algorithm}, batch {batch}: {reason}"
+
+
+def larger_batch(shape: Shape, layout: Layout, profile: Profile) -> int | None:
+    """The smallest of 2, 4 and 8 times the batch under which communication is under half the epoch."""
+    for factor in (2, 4, 8):
+        bigger = Shape(**{**shape.__dict__, "batch": shape.batch * factor})
+        if predict(bigger, layout, profile.compute, profile.network).communication_share <= COMMUNICATION_BOUND:
+            return bigger.batch
+    return None
+
+
+def rows_text(rows: float | None) -> str:
+    if rows is None:
+        return "never"
+    if rows == 0:
+        return "always"
+    return f"{math.ceil(rows):,}"

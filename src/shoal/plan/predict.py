@@ -1,0 +1,256 @@
+"""Predicted epoch and job time of one job on one cluster shape, from a profile of measured costs.
+
+Each algorithm's communication is priced from what it really sends (shoal.algorithms): sync an
+all-reduce of the gradients every step; averaging and synchronous EASGD an all-reduce of the
+weights every period, within groups every group period; Downpour and asynchronous EASGD a
+message to the server and a reply every `sync_every` (or `period`) steps, the server being a
+queue its trainers share. An epoch is `steps x per-step cost + per-epoch cost`, so the same
+numbers give the table's epoch and the straight line in dataset size whose crossings are the
+cluster sizes worth paying for.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from shoal.plan.costs import Line, Link, closed_queue, hierarchical_all_reduce, ring_all_reduce
+from shoal.plan.profile import Compute, Network
+
+VALUE_BYTES = 4  # float32 on the wire
+HEADER_BYTES = 64  # a server message's header (shoal.cluster.messages)
+RENDEZVOUS_MESSAGES = 4  # store round trips each node makes to join
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the planner needs of a job: the model's size, the data, the loop and the algorithm."""
+
+    parameters: int
+    buffers: int
+    rows: int
+    test_rows: int
+    batch: int
+    epochs: int
+    eval_every: int
+    algorithm: str
+    options: dict
+    groups: int = 1
+
+
+@dataclass(frozen=True)
+class Layout:
+    nodes: int
+    per_node: int
+
+    @property
+    def workers(self) -> int:
+        return self.nodes * self.per_node
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """An algorithm's costs for one trainer: compute per step; an exchange (`round`) every `period` steps
+    and one more for steps left over at the epoch's end; group rounds priced per step; and per epoch."""
+
+    compute: float
+    round: float = 0.0
+    period: int = 1
+    round_bytes: float = 0.0
+    communication: float = 0.0
+    epoch_compute: float = 0.0
+    epoch_communication: float = 0.0
+    epoch_bytes: float = 0.0
+    staleness: float | None = None
+
+    def rounds(self, steps: int) -> int:
+        return math.ceil(steps / self.period) if self.round else 0
+
+    def per_step(self) -> float:
+        """Seconds per step with the rounds spread over their steps (the straight line in dataset size)."""
+        return self.compute + self.communication + self.round / self.period
+
+
+@dataclass(frozen=True)
+class Prediction:
+    algorithm: str
+    nodes: int
+    workers: int
+    trainers: int
+    rows: int
+    steps: int
+    epoch_seconds: float
+    compute_seconds: float
+    communication_seconds: float
+    evaluation_seconds: float
+    startup_seconds: float
+    load_seconds: float
+    job_seconds: float
+    bytes_per_epoch: float
+    staleness: float | None
+    line: Line
+    """Job seconds against training rows (steps taken as rows / (trainers x batch)): crossings between
+    cluster sizes."""
+
+    @property
+    def communication_share(self) -> float:
+        return self.communication_seconds / self.epoch_seconds if self.epoch_seconds > 0 else 0.0
+
+
+def trainers(shape: Shape, layout: Layout) -> int:
+    """Ranks that train: all of them, less a parameter server and its sub-masters."""
+    if not is_server(shape):
+        return layout.workers
+    return layout.workers - 1 - (shape.groups if shape.groups > 1 else 0)
+
+
+def is_server(shape: Shape) -> bool:
+    return shape.algorithm == "downpour" or (shape.algorithm == "easgd" and not shape.options.get("synchronous", True))
+
+
+def spread(compute: Compute, workers: int) -> float:
+    """The mean extra wait for the slowest of `workers` at a barrier, scaled from the measured pair by the
+    expected maximum of that many normal draws (Blom's approximation)."""
+    if workers <= 1 or compute.step_spread <= 0:
+        return 0.0
+    return compute.step_spread * _expected_maximum(workers) / _expected_maximum(2)
+
+
+def _expected_maximum(draws: int) -> float:
+    return statistics.NormalDist().inv_cdf((draws - 0.375) / (draws + 0.25))
+
+
+def copy_seconds(compute: Compute, values: float) -> float:
+    return compute.copy_seconds_per_byte * values * VALUE_BYTES
+
+
+def ring(size: float, layout: Layout, network: Network) -> float:
+    return hierarchical_all_reduce(size, layout.nodes, layout.per_node, network.inside, network.across)
+
+
+def sync_costs(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepCosts:
+    """An all-reduce of every gradient (and a row count) after each backward pass."""
+    size = (shape.parameters + 1) * VALUE_BYTES
+    exchange = ring_all_reduce(size, layout.workers)
+    buffers = ring(shape.buffers * VALUE_BYTES, layout, network) if shape.buffers else 0.0
+    reduce = ring(size, layout, network) + spread(compute, layout.workers) if layout.workers > 1 else 0.0
+    return StepCosts(compute=compute.step(shape.batch) + compute.update_seconds + 3 * copy_seconds(compute,
+                     shape.parameters) * (layout.workers > 1), round=reduce, round_bytes=exchange.bytes_sent,
+                     epoch_communication=buffers)
+
+
+def averaging_costs(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepCosts:
+    """Local steps; the weights (and float buffers) averaged every period, within groups every group period."""
+    values = shape.parameters + shape.buffers
+    return _rounds(shape, layout, compute, network, values, extra_copies=2)
+
+
+def elastic_costs(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepCosts:
+    """Synchronous EASGD: an all-reduce of the elastic differences every period (default 4 steps)."""
+    options = {"period": 4, **shape.options}
+    return _rounds(Shape(**{**shape.__dict__, "options": options}), layout, compute, network, shape.parameters,
+                   extra_copies=6)
+
+
+def _rounds(shape: Shape, layout: Layout, compute: Compute, network: Network, values: int,
+            extra_copies: int) -> StepCosts:
+    """Rounds across all workers every `period` steps (or once an epoch), and within groups every
+    `group_period`: their cost spread over the steps between them."""
+    step = compute.step(shape.batch) + compute.update_seconds
+    if layout.workers <= 1:
+        return StepCosts(compute=step)
+    size = values * VALUE_BYTES
+    round_seconds = ring(size, layout, network)
+    round_copies = extra_copies * copy_seconds(compute, values)
+    sent = ring_all_reduce(size, layout.workers).bytes_sent
+    period, group_period = shape.options.get("period", "epoch"), shape.options.get("group_period")
+    if group_period is not None:
+        inside = Layout(1, max(1, layout.workers // max(1, shape.groups)))
+        group_round = ring(size, inside, network) if layout.per_node >= inside.per_node else round_seconds
+        wait = spread(compute, inside.per_node) * math.sqrt(group_period)
+        step += round_copies / group_period
+        communication = (group_round + wait) / group_period
+    else:
+        communication = 0.0
+    if period == "epoch":
+        return StepCosts(compute=step, communication=communication, epoch_compute=round_copies,
+                         epoch_communication=round_seconds, epoch_bytes=sent)
+    wait = spread(compute, layout.workers) * math.sqrt(period)
+    return StepCosts(compute=step + round_copies / period, communication=communication, round=round_seconds + wait,
+                     period=period, round_bytes=sent)
+
+
+def server_costs(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepCosts:
+    """A parameter server as a closed queue: each trainer works `every` steps, sends its update, and waits
+    while the server's link and processor serve it behind the other trainers' updates."""
+    every = _exchange_period(shape)
+    link = network.message() if layout.nodes > 1 else network.inside
+    update = (shape.parameters + shape.buffers) * VALUE_BYTES + HEADER_BYTES
+    reply = shape.parameters * VALUE_BYTES + HEADER_BYTES
+    local = compute.update_seconds if shape.algorithm == "easgd" else copy_seconds(compute, shape.parameters)
+    work = every * (compute.step(shape.batch) + local) + 2 * copy_seconds(compute, shape.parameters)
+    think = work + 2 * link.latency
+    services = [compute.update_seconds + 3 * copy_seconds(compute, shape.parameters),
+                update / link.bandwidth, reply / link.bandwidth]
+    clients = trainers(shape, layout)
+    if shape.options.get("synchronous", False):
+        cycle = think + clients * sum(services[1:]) + services[0] + (clients - 1) * copy_seconds(compute, shape.parameters)
+        staleness = 0.0
+    else:
+        queue = closed_queue(services, think, clients)
+        cycle, staleness = queue.cycle, max(queue.throughput * queue.cycle - 1, 0.0)
+    return StepCosts(compute=work / every, round=cycle - work, period=every, round_bytes=update + reply,
+                     staleness=staleness)
+
+
+def _exchange_period(shape: Shape) -> int:
+    if shape.algorithm == "downpour":
+        return int(shape.options.get("sync_every", 1))
+    period = shape.options.get("period", 4)
+    return 10**9 if period == "epoch" else int(period)
+
+
+def plain_costs(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepCosts:
+    return StepCosts(compute=compute.step(shape.batch) + compute.update_seconds)
+
+
+def algorithm_costs(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepCosts:
+    if is_server(shape):
+        return server_costs(shape, layout, compute, network)
+    pricing = {"sync": sync_costs, "averaging": averaging_costs, "easgd": elastic_costs, "none": plain_costs}
+    return pricing[shape.algorithm](shape, layout, compute, network)
+
+
+def predict(shape: Shape, layout: Layout, compute: Compute, network: Network) -> Prediction:
+    """Seconds per epoch (the slowest trainer's, as `epoch_end` records it) and for the whole job."""
+    count = trainers(shape, layout)
+    costs = algorithm_costs(shape, layout, compute, network)
+    steps = math.ceil((shape.rows // count) / shape.batch)
+    compute_seconds = steps * costs.compute + costs.epoch_compute
+    communication = steps * costs.communication + costs.rounds(steps) * costs.round + costs.epoch_communication
+    epoch = compute_seconds + communication
+    evaluations = len([e for e in range(1, shape.epochs + 1) if e % shape.eval_every == 0 or e == shape.epochs])
+    evaluation = shape.test_rows * compute.evaluate_seconds_per_row
+    startup = compute.startup_seconds + RENDEZVOUS_MESSAGES * layout.nodes * network.across.latency * (layout.nodes > 1)
+    load = (shape.rows / count) / compute.load_rows_per_second
+    fixed = startup + shape.epochs * (costs.epoch_compute + costs.epoch_communication) + evaluations * evaluation
+    per_row = (1 / compute.load_rows_per_second + shape.epochs * costs.per_step() / shape.batch) / count
+    return Prediction(algorithm=name(shape), nodes=layout.nodes, workers=layout.workers, trainers=count,
+                      rows=shape.rows, steps=steps, epoch_seconds=epoch, compute_seconds=compute_seconds,
+                      communication_seconds=communication,
+                      evaluation_seconds=evaluation if shape.test_rows else 0.0, startup_seconds=startup,
+                      load_seconds=load, job_seconds=startup + load + shape.epochs * epoch + evaluations * evaluation,
+                      bytes_per_epoch=costs.rounds(steps) * costs.round_bytes + costs.epoch_bytes,
+                      staleness=costs.staleness, line=Line(fixed, per_row))
+
+
+def name(shape: Shape) -> str:
+    if shape.algorithm == "easgd":
+        return "easgd (server)" if is_server(shape) else "easgd"
+    return shape.algorithm
+
+
+def described_link(rate: float, latency: float) -> Link:
+    """A link the user describes: `rate` bits per second, `latency` seconds one way."""
+    return Link(latency=latency, bandwidth=rate / 8)

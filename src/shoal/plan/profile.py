@@ -1,0 +1,150 @@
+"""What the planner knows about the machines: a profile of measured (or described) costs, kept as JSON.
+
+Calibration measures a machine's compute for one model and the network between hosts once;
+the profile file lets later plans reuse both without probing again. It is data: reading it runs
+no code, and a bad file is one line naming the file and the key at fault.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shoal.durable import write_bytes_durably
+from shoal.errors import ConfigError
+from shoal.plan.costs import Link
+
+FORMAT = 1
+
+
+@dataclass
+class Compute:
+    """One worker's costs for one model with `threads` threads, measured on one machine."""
+
+    model: str
+    """The model's description digest: a profile's compute serves only the model it was measured on."""
+    parameters: int
+    threads: int
+    step_seconds: dict[int, float]
+    """Batch size -> seconds of one step's batch slicing, forward and backward (no update, no exchange)."""
+    update_seconds: float
+    """The optimizer's step over every parameter."""
+    copy_seconds_per_byte: float
+    """Copying a flat buffer (packing a message, putting a reply in place)."""
+    evaluate_seconds_per_row: float
+    """Forward pass only, at evaluation's batch size."""
+    load_rows_per_second: float
+    """One worker reading its share from the dataset store into memory."""
+    startup_seconds: float
+    """From `shoal train` to the first step of a one-worker job, less its data load."""
+    step_spread: float = 0.0
+    """How much later than the mean the slowest of two workers finishes a step (seconds): what a
+    collective waits for at every step, beside the transfer itself."""
+
+    def step(self, batch: int) -> float:
+        """Seconds of a step at `batch` rows, interpolated between the measured batch sizes (linear beyond)."""
+        sizes = sorted(self.step_seconds)
+        if len(sizes) == 1:
+            return self.step_seconds[sizes[0]] * batch / sizes[0]
+        index = min(max(bisect.bisect_left(sizes, batch), 1), len(sizes) - 1)
+        low, high = sizes[index - 1], sizes[index]
+        slope = (self.step_seconds[high] - self.step_seconds[low]) / (high - low)
+        return max(self.step_seconds[low] + slope * (batch - low), 0.0)
+
+
+@dataclass
+class Network:
+    """The links between workers: `across` machines and `inside` one machine (loopback)."""
+
+    across: Link
+    inside: Link
+    source: str
+    """How it was known: measured between which hosts, or described by the user."""
+    message_across: Link | None = None
+    """A point-to-point message across machines (a parameter server's), when measured apart from the ring."""
+
+    def message(self) -> Link:
+        return self.message_across or self.across
+
+
+@dataclass
+class Profile:
+    machine: dict = field(default_factory=dict)
+    compute: Compute | None = None
+    network: Network | None = None
+    format: int = FORMAT
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1) + "\n"
+
+    def save(self, path: Path) -> None:
+        """Whole or not at all: a later plan never reads half a profile."""
+        write_bytes_durably(path, self.to_json().encode())
+
+
+def load_profile(path: Path) -> Profile:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such profile") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{path}: not a shoal profile ({error})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise ConfigError(f"{path}: format: expected {FORMAT} (a profile written by shoal plan --save-profile)")
+    return Profile(machine=_section(path, raw, "machine", dict), compute=_compute(path, raw.get("compute")),
+                   network=_network(path, raw.get("network")))
+
+
+def _section(path: Path, raw: dict, key: str, kind: type):
+    value = raw.get(key, kind())
+    if not isinstance(value, kind):
+        raise ConfigError(f"{path}: {key}: expected {kind.__name__}")
+    return value
+
+
+def _number(path: Path, key: str, value, minimum: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= minimum:
+        raise ConfigError(f"{path}: {key}: expected a number >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def _link(path: Path, key: str, raw) -> Link:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: {key}: expected {{latency, bandwidth}}")
+    bandwidth = _number(path, f"{key}.bandwidth", raw.get("bandwidth"), minimum=1.0)
+    return Link(latency=_number(path, f"{key}.latency", raw.get("latency")), bandwidth=bandwidth)
+
+
+def _network(path: Path, raw) -> Network | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: network: expected a table")
+    message = raw.get("message_across")
+    return Network(across=_link(path, "network.across", raw.get("across")),
+                   inside=_link(path, "network.inside", raw.get("inside")), source=str(raw.get("source", "?")),
+                   message_across=None if message is None else _link(path, "network.message_across", message))
+
+
+def _compute(path: Path, raw) -> Compute | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: compute: expected a table")
+    steps = raw.get("step_seconds")
+    if not isinstance(steps, dict) or not steps:
+        raise ConfigError(f"{path}: compute.step_seconds: expected batch size -> seconds")
+    try:
+        step_seconds = {int(batch): _number(path, f"compute.step_seconds.{batch}", seconds)
+                        for batch, seconds in steps.items()}
+    except ValueError:
+        raise ConfigError(f"{path}: compute.step_seconds: batch sizes must be integers") from None
+    numbers = {name: _number(path, f"compute.{name}", raw.get(name, 0.0 if name == "step_spread" else None))
+               for name in ("update_seconds", "copy_seconds_per_byte", "evaluate_seconds_per_row",
+                            "load_rows_per_second", "startup_seconds", "step_spread")}
+    return Compute(model=str(raw.get("model", "")), parameters=int(_number(path, "compute.parameters",
+                   raw.get("parameters"))), threads=int(_number(path, "compute.threads", raw.get("threads"), 1)),
+                   step_seconds=step_seconds, **numbers)

@@ -1,0 +1,67 @@
+"""A plan as the terminal shows it (one table, crossovers, the recommendation) and as curves in a PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shoal.plan.planner import Plan, rows_text
+from shoal.plan.profile import Profile
+
+
+def seconds_text(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def render(plan: Plan, profile: Profile, per_node: int) -> str:
+    compute, network = profile.compute, profile.network
+    lines = [f"compute: {compute.parameters:,} parameters, {compute.threads} thread(s) per worker, "
+             f"start-up {compute.startup_seconds:.1f} s (measured on {profile.machine.get('host', '?')})",
+             f"network: {network.source}: {network.across.latency * 1e3:.3f} ms per message, "
+             f"{network.across.bandwidth * 8 / 1e6:,.1f} Mbit/s", ""]
+    header = ["nodes", "workers", "algorithm", "epoch", "job", "speedup", "efficiency", "comm.", "staleness"]
+    smallest = min(p.nodes for p in plan.predictions)
+    rows = [[str(p.nodes), str(p.workers), p.algorithm, seconds_text(p.epoch_seconds), seconds_text(p.job_seconds),
+             f"{plan.speedup(p):.2f}x", f"{plan.efficiency(p, smallest):.0%}", f"{p.communication_share:.0%}",
+             "" if p.staleness is None else f"{p.staleness:.1f}"] for p in plan.predictions]
+    lines += _table(header, rows)
+    lines += ["", "rows from which each node count beats the one before it (job time):"]
+    for algorithm, found in plan.crossovers.items():
+        if found:
+            lines.append(f"  {algorithm}: " + ", ".join(f"{nodes} nodes from {rows_text(rows)}"
+                                                         for nodes, rows in found.items()))
+    lines += ["", f"recommended: {plan.recommendation}"]
+    return "\n".join(lines)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return ["  ".join(cell.rjust(width) if i != 2 else cell.ljust(width) for i, (cell, width) in
+                      enumerate(zip(row, widths))).rstrip() for row in [header, *rows]]
+
+
+def plot(plan: Plan, path: Path) -> Path:
+    """Two panels: predicted job time against nodes per algorithm, and against dataset size per node count."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 4.2), layout="constrained")
+    by_nodes, by_rows = figure.subplots(1, 2)
+    for algorithm in plan.crossovers:
+        own = [p for p in plan.predictions if p.algorithm == algorithm]
+        by_nodes.plot([p.nodes for p in own], [p.job_seconds for p in own], marker="o", label=algorithm)
+    by_nodes.set(xscale="log", yscale="log", xlabel="nodes", ylabel="predicted job seconds",
+                 title="job time against cluster size")
+    by_nodes.legend()
+    first = next(iter(plan.crossovers))
+    own = [p for p in plan.predictions if p.algorithm == first]
+    sizes = [own[0].rows * factor for factor in (0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100)]
+    for prediction in own:
+        by_rows.plot(sizes, [prediction.line.at(rows) for rows in sizes], label=f"{prediction.nodes} node(s)")
+    by_rows.set(xscale="log", yscale="log", xlabel="training rows", ylabel="predicted job seconds",
+                title=f"{first}: job time against dataset size")
+    by_rows.legend()
+    figure.savefig(path, dpi=110)
+    return path
