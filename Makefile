@@ -54,5 +54,6 @@ bench: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.algorithms
 	$(BIN)/python -m benchmarks.batch
 	$(BIN)/python -m benchmarks.server
+	$(BIN)/python -m benchmarks.plan_papers
 	$(BIN)/python -m benchmarks.peers
 	$(BIN)/python -m benchmarks.scaling

@@ -277,14 +277,14 @@ def command_scaling(args: argparse.Namespace) -> int:
         print(f"shoal: {interrupt}; the finished trials are in {args.out}/trials.csv: run the same command "
               "to go on", file=sys.stderr)
         return interrupt.exit_code
-    print(f"report: {write_report(args.out, args.measure, args.alpha)}")
+    print(f"report: {write_report(args.out, args.measure, args.alpha, args.profile)}")
     return 0
 
 
 def command_scaling_report(args: argparse.Namespace) -> int:
     from shoal.bench.report import write_report
 
-    print(write_report(args.out, args.measure, args.alpha))
+    print(write_report(args.out, args.measure, args.alpha, args.profile))
     return 0
 
 
@@ -440,6 +440,8 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument("--measure", default="train_seconds", choices=["train_seconds", "job_seconds",
                              "wall_seconds"], help="the time the statistics compare (default train_seconds)")
         command.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+        command.add_argument("--profile", type=Path, help="a profile saved by shoal plan: the report sets the "
+                             "plan's prediction beside each measured cell")
         command.set_defaults(handler=command_scaling if command is scaling else command_scaling_report)
 
     add_plan_parser(commands)
@@ -467,8 +469,8 @@ def add_plan_parser(commands) -> None:
     plan.add_argument("--rows", type=int, help="plan for this many training rows instead of data.train's")
     plan.add_argument("--algorithms", metavar="NAME[,NAME...]",
                       help="algorithms to compare (default: the job's, sync, averaging, downpour)")
-    plan.add_argument("--profile", type=Path, help="reuse a saved profile: its network, and its compute for the same model "
-                      "(leave it out to measure again)")
+    plan.add_argument("--profile", type=Path, help="reuse a saved profile: its network, and its compute for the "
+                      "same model (leave it out to measure again)")
     plan.add_argument("--save-profile", type=Path, metavar="PATH", help="write the measured profile here")
     plan.add_argument("--plot", type=Path, metavar="PNG", help="write the predicted curves to this image")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")

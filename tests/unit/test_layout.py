@@ -23,10 +23,13 @@ FORBIDDEN = {
     "shoal.cluster": ("shoal.algorithms", "shoal.train", "shoal.api", "shoal.cli", "shoal.jobs", "shoal.worker"),
     "shoal.data": ("shoal.algorithms", "shoal.train", "shoal.cluster", "shoal.api", "shoal.cli", "shoal.worker"),
     "shoal.algorithms": ("shoal.train", "shoal.api", "shoal.cli", "shoal.jobs", "shoal.worker", "shoal.bench"),
-    "shoal.train": ("shoal.api", "shoal.cli", "shoal.worker", "shoal.bench"),
-    "shoal.worker": ("shoal.api", "shoal.cli", "shoal.bench"),
+    "shoal.train": ("shoal.api", "shoal.cli", "shoal.worker", "shoal.bench", "shoal.plan"),
+    "shoal.worker": ("shoal.api", "shoal.cli", "shoal.bench", "shoal.plan"),
+    "shoal.plan": ("shoal.api", "shoal.cli", "shoal.worker", "shoal.jobs"),
 }
-SHORT_FUNCTION_PACKAGES = ("train", "algorithms", "cluster")
+for lower in ("shoal.events", "shoal.config", "shoal.cluster", "shoal.data", "shoal.algorithms"):
+    FORBIDDEN[lower] += ("shoal.plan",)  # the planner sits beside bench, above training
+SHORT_FUNCTION_PACKAGES = ("train", "algorithms", "cluster", "plan")
 LONGEST_FUNCTION = 60
 
 

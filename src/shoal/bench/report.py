@@ -14,6 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from shoal.bench.analysis import Analysis, analyze
 from shoal.bench.machine import machine_line
 from shoal.bench.plots import MEASURE_TEXT, PLOTS
+from shoal.bench.prediction import prediction_lines
 from shoal.bench.study import STUDY_FILE, read_trials
 from shoal.errors import ConfigError
 from shoal.train.report import save_atomically
@@ -21,12 +22,14 @@ from shoal.train.report import save_atomically
 REPORT_FILE = "report.md"
 
 
-def write_report(out: Path, measure: str = "train_seconds", alpha: float = 0.05) -> Path:
-    """report.md, anova.csv, tukey.csv and the PNG plots in the study folder; the report's path."""
+def write_report(out: Path, measure: str = "train_seconds", alpha: float = 0.05, profile: Path | None = None) -> Path:
+    """report.md, anova.csv, tukey.csv and the PNG plots in the study folder; the report's path. With a
+    plan's `profile`, the report also sets each cell's prediction beside its measurement."""
     out = Path(out)
     if not (out / STUDY_FILE).exists():
         raise ConfigError(f"{out}: not a scaling study folder (no {STUDY_FILE})")
-    analysis = analyze(read_trials(out), measure, alpha)
+    trials = read_trials(out)
+    analysis = analyze(trials, measure, alpha)
     images = []
     for name, draw, caption in PLOTS:
         figure = draw(analysis)
@@ -41,6 +44,8 @@ def write_report(out: Path, measure: str = "train_seconds", alpha: float = 0.05)
                 for size in analysis.sizes for c in size.comparisons])
     study = json.loads((out / STUDY_FILE).read_text())
     text = markdown(analysis, study, images)
+    if profile is not None:
+        text += "\n".join(prediction_lines(study, analysis, trials, Path(profile)))
     path = out / REPORT_FILE
     save_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
     return path

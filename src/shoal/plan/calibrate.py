@@ -12,13 +12,16 @@ from __future__ import annotations
 import re
 import sys
 
+import numpy as np
+import torch
+
 from shoal.bench.machine import describe
 from shoal.cluster.remote import remote_command
 from shoal.config import JobConfig
 from shoal.errors import ConfigError
-from shoal.plan.compute_probe import measure_compute, model_key
+from shoal.plan.compute_probe import measure_compute, model_key, timed
 from shoal.plan.costs import Link
-from shoal.plan.network_probe import links, probe_command, run_pair
+from shoal.plan.network_probe import links, probe_command, probe_sizes, run_pair, work_burst
 from shoal.plan.profile import Network, Profile
 
 DEFAULT_RATE, DEFAULT_LATENCY = "1gbit", "0.1ms"
@@ -48,47 +51,46 @@ def described_network(rate: str, latency: str, inside: Link = LOOPBACK) -> Netwo
     return Network(across=link, inside=inside, source=f"described: {rate}, {latency} per message")
 
 
-def measured_pair(first: str, second: str, template: str | None, port: int) -> dict:
+def measured_pair(first: str, second: str, template: str | None, port: int, sizes: list[int]) -> dict:
     """Rank 0 on `first`, rank 1 on `second` (through `template`, or here when it is None)."""
     address = first if template else "127.0.0.1"
-    commands = [probe_command(rank, address, peer if template else address, port)
+    commands = [probe_command(rank, address, peer if template else address, port, sizes)
                 for rank, peer in enumerate((second, first))]
     if template:
         commands = [remote_command(template, host, command) for host, command in zip((first, second), commands)]
     return run_pair(commands, f"{first} and {second}")
 
 
-def measure_network(hosts: list[str], template: str, port: int, per_node: int) -> Network:
-    """The link between the first two hosts, and loopback on the first when workers share a machine."""
+def measure_network(hosts: list[str], template: str, port: int, per_node: int, message: int) -> Network:
+    """The link between the first two hosts, and loopback on the first when workers share a machine, at
+    sizes around `message` bytes."""
     print(f"shoal plan: measuring the network between {hosts[0]} and {hosts[1]}", file=sys.stderr)
-    across, message = links(measured_pair(hosts[0], hosts[1], template, port))
+    sizes = probe_sizes(message)
+    results = measured_pair(hosts[0], hosts[1], template, port, sizes)
+    across, message_link = links(results)
+    torch.set_num_threads(1)  # as the probe's ranks: the burst is one thread's work
+    burst = work_burst()
+    here = float(np.median([np.mean(timed(burst, seconds=0.5)) for _ in range(3)]))
     inside = LOOPBACK
     if per_node > 1:
-        inside, _ = links(measured_pair(hosts[0], hosts[0], template, port))
-    return Network(across=across, inside=inside, message_across=message,
-                   source=f"measured between {hosts[0]} and {hosts[1]}")
-
-
-def measure_loopback(port: int) -> Link:
-    ring, _ = links(measured_pair("this machine", "this machine", None, port))
-    return ring
+        inside, _ = links(measured_pair(hosts[0], hosts[0], template, port, sizes))
+    return Network(across=across, inside=inside, message_across=message_link,
+                   slowest_host=max(results["bursts"]) / here, source=f"measured between {hosts[0]} and {hosts[1]}")
 
 
 def calibrate(job: JobConfig, profile: Profile | None, *, threads: int, hosts: list[str] | None = None,
-              rate: str | None = None, latency: str | None = None, per_node: int = 1) -> Profile:
-    """A profile for planning `job`: what `profile` holds that still applies, the rest measured or described."""
+              described: Network | None = None, per_node: int = 1) -> Profile:
+    """A profile for planning `job`: what `profile` holds that still applies, the rest measured, or the
+    network `described`."""
     profile = profile or Profile()
     compute = profile.compute
     if compute is None or compute.threads != threads or compute.model != model_key_of(job):
         print(f"shoal plan: measuring this machine's compute for the job's model ({threads} thread(s))",
               file=sys.stderr)
         compute = measure_compute(job, threads)
-    network = profile.network
-    if rate is not None or latency is not None:
-        inside = network.inside if network else LOOPBACK
-        network = described_network(rate or DEFAULT_RATE, latency or DEFAULT_LATENCY, inside)
-    elif network is None and hosts and len(hosts) > 1:
-        network = measure_network(hosts, job.cluster.remote, job.cluster.port, per_node)
+    network = described or profile.network
+    if network is None and hosts and len(hosts) > 1:
+        network = measure_network(hosts, job.cluster.remote, job.cluster.port, per_node, 4 * compute.parameters)
     elif network is None:
         network = described_network(DEFAULT_RATE, DEFAULT_LATENCY)
     machine = profile.machine if compute is profile.compute and profile.machine else describe()

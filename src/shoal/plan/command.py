@@ -7,9 +7,9 @@ import sys
 from shoal.cluster.env import cores
 from shoal.config import JobConfig
 from shoal.errors import ConfigError
-from shoal.plan.calibrate import calibrate
+from shoal.plan.calibrate import DEFAULT_LATENCY, LOOPBACK, calibrate, described_network
 from shoal.plan.planner import COMPARED, Plan, job_shape, make_plan
-from shoal.plan.profile import load_profile
+from shoal.plan.profile import Profile, load_profile
 from shoal.plan.render import plot, render
 
 DEFAULT_NODES = (1, 2, 4, 8, 16)
@@ -38,26 +38,43 @@ def algorithms(text: str | None, job: JobConfig) -> list[str]:
     return names
 
 
-def plan_job(job: JobConfig, args) -> tuple[Plan, str]:
-    """Calibrate as the options say, then plan every node count and algorithm; (the plan, its text)."""
-    hosts = [host.strip() for host in args.hosts.split(",")] if args.hosts else None
+def check_options(args) -> None:
+    """The options a plan cannot start with, one line each, before any probe runs."""
     if args.workers_per_node < 1:
         raise ConfigError(f"--workers-per-node: must be >= 1, got {args.workers_per_node}")
     if args.latency is not None and args.link is None:
         raise ConfigError("--latency: only with --link (a described network)")
     if args.rows is not None and args.rows < 1:
         raise ConfigError(f"--rows: must be >= 1, got {args.rows}")
-    nodes = node_counts(args.nodes, hosts)
-    names = algorithms(args.algorithms, job)
+    for option, path in (("--save-profile", args.save_profile), ("--plot", args.plot)):
+        if path is not None and not path.parent.is_dir():  # before minutes of probing, not after
+            raise ConfigError(f"{option}: no folder {path.parent} to write {path.name} in")
+
+
+def profile_for(job: JobConfig, args, hosts: list[str] | None) -> Profile:
+    """The saved profile, completed by measurement, or with the network the options describe."""
     threads = job.cluster.threads or max(1, cores() // args.workers_per_node)
     profile = load_profile(args.profile) if args.profile else None
-    profile = calibrate(job, profile, threads=threads, hosts=hosts, rate=args.link, latency=args.latency,
+    described = None
+    if args.link is not None:  # loopback stays as the profile measured it
+        inside = profile.network.inside if profile and profile.network else LOOPBACK
+        described = described_network(args.link, args.latency or DEFAULT_LATENCY, inside)
+    profile = calibrate(job, profile, threads=threads, hosts=hosts, described=described,
                         per_node=args.workers_per_node)
     if args.save_profile:
         profile.save(args.save_profile)
         print(f"shoal plan: profile saved to {args.save_profile}", file=sys.stderr)
-    shapes = [job_shape(job, args.rows, name) for name in names]
-    plan = make_plan(shapes, nodes, args.workers_per_node, profile)
+    return profile
+
+
+def plan_job(job: JobConfig, args) -> tuple[Plan, str]:
+    """Calibrate as the options say, then plan every node count and algorithm; (the plan, its text)."""
+    check_options(args)
+    hosts = [host.strip() for host in args.hosts.split(",")] if args.hosts else None
+    nodes = node_counts(args.nodes, hosts)
+    names = algorithms(args.algorithms, job)
+    profile = profile_for(job, args, hosts)
+    plan = make_plan([job_shape(job, args.rows, name) for name in names], nodes, args.workers_per_node, profile)
     if args.plot:
         print(f"shoal plan: curves in {plot(plan, args.plot)}", file=sys.stderr)
     return plan, render(plan, profile, args.workers_per_node)

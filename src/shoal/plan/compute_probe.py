@@ -4,11 +4,14 @@ The planner prices communication from first principles, but compute only from me
 steps of the job's own model on rows of its own training set (sliced and converted as the
 loader does), at a ladder of batch sizes; the optimizer's step; a flat copy (packing
 messages); evaluation's forward pass; the store's read rate; the spread between two workers'
-step times (what a per-step collective waits for); and a real one-worker job's start-up.
+step times (what a per-step collective waits for). Then one short real job of the model (one
+worker, rows drawn from its training set) gives the start-up every job pays and the real loop's
+step, which scales the probed steps: the loop's own per-step work is measured, not guessed.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import random
@@ -19,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import tomli_w
 import torch
 
 from shoal.config import JobConfig
@@ -26,9 +30,10 @@ from shoal.data.loader import ShardLoader
 from shoal.plan.profile import Compute
 from shoal.train.prepare import allocate_model, make_optimizer, prepare
 
-PROBE_ROWS = 20_000  # rows read from the training set for the probe (its load rate and batches)
+PROBE_ROWS = 100_000  # rows read for the probe: batches gathered from as large a share as a worker's
 BATCH_LADDER = (16, 64, 256, 1024, 4096)
-TIMED_SECONDS = 0.4  # per measured quantity, after warm-up
+TIMED_SECONDS = 0.6  # per measured quantity, after warm-up
+BLOCKS = 3  # rounds a step is timed in, apart in time
 
 
 def timed(work, seconds: float = TIMED_SECONDS, at_least: int = 5, warm_up: int = 2) -> list[float]:
@@ -68,7 +73,8 @@ class ComputeProbe:
         self.order = np.random.default_rng(0).permutation(self.loader.rows)
 
     def step(self, batch: int) -> list[float]:
-        """Slicing and converting a batch, forward and backward, as the training loop does."""
+        """Slicing and converting a batch, forward, backward, the optimizer's step and reading the loss, as
+        the training loop does."""
         starts = iter(range(0, 10**9, batch))
 
         def work() -> None:
@@ -76,9 +82,12 @@ class ComputeProbe:
             index = self.order[start : start + batch]
             inputs, labels = self.loader.to_tensors(self.loader.features[index], self.loader.labels[index])
             self.optimizer.zero_grad(set_to_none=True)
-            self.prepared.objective(self.model(inputs), labels).backward()
+            loss = self.prepared.objective(self.model(inputs), labels)
+            loss.backward()
+            self.optimizer.step()
+            loss.item()
 
-        return timed(work)
+        return timed(work, seconds=TIMED_SECONDS / BLOCKS)
 
     def update(self) -> float:
         for parameter in self.model.parameters():
@@ -101,15 +110,19 @@ class ComputeProbe:
         return seconds / rows
 
     def measure(self, batches: list[int], startup: float) -> Compute:
-        steps = {batch: self.step(batch) for batch in batches if batch <= self.loader.rows}
-        own = self.job.train.batch_size if self.job.train.batch_size in steps else max(steps)
+        """Every batch size timed in BLOCKS rounds apart in time, each round's mean kept, their median taken:
+        a moment when the machine is slow spoils one round, not the answer."""
+        usable = [batch for batch in batches if batch <= self.loader.rows]
+        rounds = [{batch: self.step(batch) for batch in usable} for _ in range(BLOCKS)]
+        own = self.job.train.batch_size if self.job.train.batch_size in usable else max(usable)
         return Compute(model=model_key(self.prepared.spec),
                        parameters=self.parameters, threads=self.threads,
-                       step_seconds={batch: _median(samples) for batch, samples in steps.items()},
+                       step_seconds={batch: _median([float(np.mean(found[batch])) for found in rounds])
+                                     for batch in usable},
                        update_seconds=self.update(), copy_seconds_per_byte=self.copy_per_byte(),
                        evaluate_seconds_per_row=self.evaluate_per_row(),
                        load_rows_per_second=self.loader.rows / max(self.loader.load_seconds, 1e-9),
-                       startup_seconds=startup, step_spread=pair_spread(steps[own]))
+                       startup_seconds=startup, step_spread=pair_spread([t for found in rounds for t in found[own]]))
 
 
 def _median(samples: list[float]) -> float:
@@ -125,49 +138,54 @@ def batch_ladder(batch: int) -> list[int]:
     return sorted({*BATCH_LADDER, batch})
 
 
-def measure_compute(job: JobConfig, threads: int, startup: float | None = None) -> Compute:
-    """The job's compute here with `threads` threads; `startup` measured with a real job unless given."""
-    if startup is None:
-        startup = measure_startup()
+def measure_compute(job: JobConfig, threads: int) -> Compute:
+    """The job's compute here with `threads` threads: the kernels probed in this process, then one short
+    real job of the model, whose start-up is measured and whose steps scale the probed ones."""
+    startup, real_step = measure_loop(job, threads)
     probe = ComputeProbe(job, threads)
     try:
-        return probe.measure(batch_ladder(job.train.batch_size), startup)
+        compute = probe.measure(batch_ladder(job.train.batch_size), startup)
     finally:
         probe.loader.close()
+    probed = compute.step(job.train.batch_size)
+    compute.loop_factor = min(max(real_step / probed, 0.5), 3.0) if probed > 0 else 1.0
+    return compute
 
 
-STARTUP_JOB = """
-[model]
-input = [4]
-layers = [{{ dense = 2 }}]
-[data]
-train = "{train}"
-[train]
-epochs = 1
-batch_size = 8
-[checkpoint]
-every = 0
-[cluster]
-threads = 1
-[output]
-progress = "none"
-"""
+LOOP_STEPS = 100  # steps per epoch of the calibration job
+LOOP_EPOCHS = 4  # the first warms up; the median of the others is kept
 
 
-def measure_startup() -> float:
-    """Seconds from `shoal train` to a one-worker job's first step (its data load left out): the processes'
-    start, their imports and the rendezvous, as every job pays them."""
-    from shoal.data.synthetic import synth_binary
+def loop_job(job: JobConfig, train: Path, threads: int) -> dict:
+    """`job` as a one-worker job of LOOP_EPOCHS epochs on `train`: no test set, checkpoints or algorithm."""
+    loop = copy.deepcopy(job)
+    loop.data.train, loop.data.test = str(train), None
+    loop.train.epochs, loop.train.validate_every, loop.train.validate_seconds = LOOP_EPOCHS, 0, 0
+    loop.algorithm.name, loop.algorithm.options = "none", {}
+    loop.checkpoint.every = 0
+    loop.cluster.threads, loop.cluster.workers, loop.cluster.hosts, loop.cluster.groups = threads, 1, None, 1
+    loop.output.progress = "none"
+    return loop.to_dict()
+
+
+def measure_loop(job: JobConfig, threads: int) -> tuple[float, float]:
+    """(seconds from `shoal train` to the first step, its data load left out; one step of the real training
+    loop at the job's batch): a short one-worker job of the job's model on rows drawn from its training set."""
+    from shoal.data.derive import subset
+    from shoal.data.format import open_dataset
     from shoal.events import DataLoaded, read_history
 
     with tempfile.TemporaryDirectory(prefix="shoal-plan-") as folder:
-        train = Path(folder) / "train"
-        synth_binary(train, rows=64, features=4, seed=0)
-        job = Path(folder) / "startup.toml"
-        job.write_text(STARTUP_JOB.format(train=train))
+        folder = Path(folder)
+        train_set = open_dataset(job.data.train)
+        rows = LOOP_STEPS * job.train.batch_size
+        train = train_set.path if train_set.rows <= rows else subset(train_set, folder / "train", rows=rows).path
+        (folder / "loop.toml").write_text(tomli_w.dumps(loop_job(job, train, threads)))
         began = time.time()
-        subprocess.run([sys.executable, "-m", "shoal", "train", str(job), "--workers", "1", "--run-dir",
-                        str(Path(folder) / "run")], check=True, capture_output=True, timeout=300)
-        history = read_history(Path(folder) / "run")
+        subprocess.run([sys.executable, "-m", "shoal", "train", str(folder / "loop.toml"), "--run-dir",
+                        str(folder / "run")], check=True, capture_output=True, timeout=600)
+        history = read_history(folder / "run")
         loaded = history.last(DataLoaded)
-        return history.start.time - began - (loaded.seconds if loaded else 0.0)
+        startup = history.start.time - began - (loaded.seconds if loaded else 0.0)
+        later = _median([epoch.seconds for epoch in history.epochs[1:]])
+        return startup, later / max(history.start.steps_per_epoch or 1, 1)

@@ -9,6 +9,7 @@ analysis; and two linear cost curves cross where their fixed and per-row costs b
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -16,14 +17,27 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Link:
     """One network path as the planner prices it: a message costs `latency` seconds plus its bytes over
-    `bandwidth` (bytes per second). Measured links fold the software's per-message cost into latency."""
+    `bandwidth` (bytes per second). A measured link also keeps its measured points (bytes -> seconds per
+    message) and interpolates between them: shapers and socket buffers make real links far from straight
+    lines below a few hundred kilobytes; beyond the largest point, bandwidth alone adds."""
 
     latency: float
     bandwidth: float
+    points: tuple[tuple[int, float], ...] = ()
 
     def seconds(self, size: float) -> float:
         """One message of `size` bytes, end to end."""
-        return self.latency + size / self.bandwidth
+        if not self.points:
+            return self.latency + size / self.bandwidth
+        sizes = [point for point, _ in self.points]
+        if size <= sizes[0]:
+            return self.points[0][1]
+        index = bisect.bisect_left(sizes, size)
+        if index == len(sizes):
+            last, seconds = self.points[-1]
+            return seconds + (size - last) / self.bandwidth
+        (low, low_seconds), (high, high_seconds) = self.points[index - 1], self.points[index]
+        return low_seconds + (high_seconds - low_seconds) * (size - low) / (high - low)
 
 
 @dataclass(frozen=True)

@@ -25,45 +25,92 @@ from shoal.cluster.interface import interface_to
 from shoal.errors import ShoalError
 from shoal.plan.costs import Link, ring_all_reduce
 
-SIZES = (4096, 65536, 262144, 1048576)  # bytes
+SMALLEST = 4096  # bytes
 PROBE_SECONDS = 0.5  # per size and pattern, after warm-up
 MAX_REPEATS = 200
 PROBE_TIMEOUT = 300.0
 
 
 def repeat(work, seconds: float) -> float:
-    """The median seconds of `work`, called until `seconds` have passed (at least 3 times, after one warm-up)."""
-    work()
-    samples, began = [], time.perf_counter()
-    while len(samples) < 3 or (time.perf_counter() - began < seconds and len(samples) < MAX_REPEATS):
-        start = time.perf_counter()
-        work()
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
-
-
-def measure(rank: int, sizes: tuple[int, ...], seconds: float) -> dict:
-    """Per size: one message's seconds (half a ping-pong) and an all-reduce's, on the group already set up."""
+    """The mean seconds of `work`, called as often as fit in `seconds` (at least 3 times, after a warm-up).
+    The mean, not the median: an epoch is a sum of steps, so the occasional stall (a thread that waits a
+    scheduler's turn) costs it what it costs the mean. Both ranks agree on the count (the larger of their
+    first timings decides), so collectives stay paired."""
     import torch
     import torch.distributed as dist
 
-    results = {"message": {}, "all_reduce": {}}
+    work()
+    start = time.perf_counter()
+    work()
+    first = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(first, op=dist.ReduceOp.MAX)
+    count = int(min(max(seconds / max(first.item(), 1e-6), 3), MAX_REPEATS))
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter()
+        work()
+        samples.append(time.perf_counter() - start)
+    return float(np.mean(samples))
+
+
+BURST_PRODUCTS = 12  # 128 x 128 matrix products: about a millisecond of one core
+
+
+def work_burst():
+    """A fixed compute burst (matrix products, about a millisecond), standing in for a training step: the
+    same work on every host, so its time compares their processors too."""
+    import torch
+
+    left, right = torch.randn(128, 128), torch.randn(128, 128)
+
+    def burst() -> None:
+        for _ in range(BURST_PRODUCTS):
+            torch.mm(left, right)
+
+    return burst
+
+
+def measure(rank: int, sizes: tuple[int, ...], seconds: float) -> dict:
+    """Per size: one message's seconds (half a ping-pong) and an all-reduce's, on the group already set up;
+    and the same patterns after a compute burst, less the burst's own time: what an exchange costs a step
+    on a busy worker, where the kernel's network work takes turns with the computation on the same core."""
+    import torch
+    import torch.distributed as dist
+
+    burst = work_burst()
+    alone = repeat(burst, seconds)  # (and the first agreement on a count: a barrier of sorts)
+    pace = float(np.median([alone] + [repeat(burst, seconds) for _ in range(2)]))  # a slow moment spoils one
+    bursts = [torch.zeros(1, dtype=torch.float64) for _ in range(2)]
+    dist.all_gather(bursts, torch.tensor([pace], dtype=torch.float64))
+    results = {"message": {}, "all_reduce": {}, "loaded_message": {}, "loaded_all_reduce": {},
+               "bursts": [float(seconds) for seconds, in bursts]}
     for size in sizes:
-        buffer = torch.zeros(max(size // 4, 1))
-
-        def ping_pong() -> None:
-            if rank == 0:
-                dist.send(buffer, 1)
-                dist.recv(buffer, 1)
-            else:
-                dist.recv(buffer, 0)
-                dist.send(buffer, 0)
-
-        results["message"][size] = repeat(ping_pong, seconds) / 2
-        dist.barrier()
-        results["all_reduce"][size] = repeat(lambda: dist.all_reduce(buffer), seconds)
+        measure_size(rank, size, burst, alone, seconds, results)
         dist.barrier()
     return results
+
+
+def measure_size(rank: int, size: int, burst, alone: float, seconds: float, results: dict) -> None:
+    """One size's four figures into `results`: messages and all-reduces, alone and after a burst."""
+    import torch
+    import torch.distributed as dist
+
+    buffer = torch.zeros(max(size // 4, 1))
+
+    def ping_pong() -> None:
+        if rank == 0:
+            dist.send(buffer, 1)
+            dist.recv(buffer, 1)
+        else:
+            dist.recv(buffer, 0)
+            dist.send(buffer, 0)
+
+    results["message"][size] = repeat(ping_pong, seconds) / 2
+    # a trainer computes, then sends and waits; its server only waits: rank 0 alone bursts
+    loaded = repeat(lambda: (burst() if rank == 0 else None, ping_pong()), seconds)
+    results["loaded_message"][size] = (loaded - alone) / 2
+    results["all_reduce"][size] = repeat(lambda: dist.all_reduce(buffer), seconds)
+    results["loaded_all_reduce"][size] = repeat(lambda: (burst(), dist.all_reduce(buffer)), seconds) - alone
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", required=True, help="where rank 0 listens")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--peer", required=True, help="the other rank's host: gloo talks on the interface reaching it")
-    parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    parser.add_argument("--sizes", required=True, help="message sizes in bytes, like 4096,65536")
     parser.add_argument("--seconds", type=float, default=PROBE_SECONDS)
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -107,16 +154,19 @@ def fit(points: dict, rounds_and_chunk) -> Link:
     if latency < 0:  # refit through the origin
         inverse_bandwidth = float(design[:, 1] @ seconds / (design[:, 1] @ design[:, 1]))
         latency = 0.0
-    return Link(latency=float(latency), bandwidth=1.0 / max(float(inverse_bandwidth), 1e-12))
+    per_message = tuple((int(chunk), float(total / rounds)) for (rounds, chunk), total in zip(rows, seconds))
+    return Link(latency=float(latency), bandwidth=1.0 / max(float(inverse_bandwidth), 1e-12),
+                points=tuple(sorted(per_message)))
 
 
 def links(results: dict) -> tuple[Link, Link]:
-    """(the ring's link, fitted to the all-reduces of 2 ranks; the point-to-point link)."""
+    """(the ring's link, fitted to the all-reduces of 2 ranks; the point-to-point link), both as a busy
+    worker pays them: measured right after a compute burst, the burst's own time taken off."""
     def ring(size: int) -> tuple[int, float]:
         exchange = ring_all_reduce(size, 2)
         return exchange.rounds, exchange.size
 
-    return fit(results["all_reduce"], ring), fit(results["message"], lambda size: (1, size))
+    return fit(results["loaded_all_reduce"], ring), fit(results["loaded_message"], lambda size: (1, size))
 
 
 def run_pair(commands: list[list[str]], where: str, timeout: float = PROBE_TIMEOUT) -> dict:
@@ -141,9 +191,15 @@ def run_pair(commands: list[list[str]], where: str, timeout: float = PROBE_TIMEO
     return json.loads(outputs[0][0].strip().splitlines()[-1])
 
 
-def probe_command(rank: int, address: str, peer: str, port: int, seconds: float = PROBE_SECONDS) -> list[str]:
+def probe_sizes(message: int) -> list[int]:
+    """Sizes around what the job sends (a model's weights or gradients): from a few pages to twice that."""
+    return sorted({SMALLEST, max(message // 4, SMALLEST), max(message, SMALLEST), max(2 * message, 2 * SMALLEST)})
+
+
+def probe_command(rank: int, address: str, peer: str, port: int, sizes: list[int],
+                  seconds: float = PROBE_SECONDS) -> list[str]:
     return [sys.executable, "-m", "shoal.plan.network_probe", "--rank", str(rank), "--address", address,
-            "--peer", peer, "--port", str(port), "--seconds", str(seconds)]
+            "--peer", peer, "--port", str(port), "--sizes", ",".join(map(str, sizes)), "--seconds", str(seconds)]
 
 
 if __name__ == "__main__":

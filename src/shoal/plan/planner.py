@@ -70,10 +70,10 @@ def make_plan(shapes: list[Shape], nodes: list[int], per_node: int, profile: Pro
     predictions = [predict(shape, Layout(count, per_node), profile.compute, profile.network)
                    for shape in shapes for count in nodes if usable(shape, Layout(count, per_node))]
     plan = Plan(predictions)
-    for name in dict.fromkeys(p.algorithm for p in predictions):
-        own = [p for p in predictions if p.algorithm == name]
-        plan.baseline[name] = own[0].job_seconds
-        plan.crossovers[name] = {later.nodes: crossover(earlier.line, later.line)
+    for algorithm in dict.fromkeys(p.algorithm for p in predictions):
+        own = [p for p in predictions if p.algorithm == algorithm]
+        plan.baseline[algorithm] = own[0].job_seconds
+        plan.crossovers[algorithm] = {later.nodes: crossover(earlier.line, later.line)
                                  for earlier, later in zip(own, own[1:])}
     plan.recommendation = recommend(plan, shapes, per_node, profile)
     return plan
@@ -86,11 +86,13 @@ def recommend(plan: Plan, shapes: list[Shape], per_node: int, profile: Profile) 
                  key=lambda p: (p.nodes, p.job_seconds))
     shape = {name(s): s for s in shapes}[chosen.algorithm]
     smallest = min(p.nodes for p in plan.predictions)
-    reason = (f"{plan.speedup(chosen):.1f}x the job time of {smallest} node(s)" if chosen.nodes != smallest
-              else "more machines do not pay for this much data")
+    if chosen.nodes != smallest:
+        reason = f"{plan.speedup(chosen):.1f}x faster than {smallest} node(s)"
+    else:
+        reason = "more machines do not pay for this much data" if chosen is fastest else "the fewest machines"
     if chosen is not fastest:
         reason += (f"; {fastest.nodes} node(s) with {fastest.algorithm} would save only "
-                   f"{1 - fastest.job_seconds / chosen.job_seconds:.0%} more")
+                   f"{1 - fastest.job_seconds / chosen.job_seconds:.0%} of the job's time")
     batch = shape.batch
     if chosen.communication_share > COMMUNICATION_BOUND:
         batch = larger_batch(shape, Layout(chosen.nodes, per_node), profile) or batch

@@ -11,6 +11,7 @@ cluster sizes worth paying for.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
@@ -106,7 +107,8 @@ def trainers(shape: Shape, layout: Layout) -> int:
 
 
 def is_server(shape: Shape) -> bool:
-    return shape.algorithm == "downpour" or (shape.algorithm == "easgd" and not shape.options.get("synchronous", True))
+    """Downpour, and EASGD unless `synchronous = true` (its default is the asynchronous server)."""
+    return shape.algorithm == "downpour" or (shape.algorithm == "easgd" and not shape.options.get("synchronous", False))
 
 
 def spread(compute: Compute, workers: int) -> float:
@@ -135,7 +137,7 @@ def sync_costs(shape: Shape, layout: Layout, compute: Compute, network: Network)
     exchange = ring_all_reduce(size, layout.workers)
     buffers = ring(shape.buffers * VALUE_BYTES, layout, network) if shape.buffers else 0.0
     reduce = ring(size, layout, network) + spread(compute, layout.workers) if layout.workers > 1 else 0.0
-    return StepCosts(compute=compute.step(shape.batch) + compute.update_seconds + 3 * copy_seconds(compute,
+    return StepCosts(compute=compute.step(shape.batch) + 3 * copy_seconds(compute,
                      shape.parameters) * (layout.workers > 1), round=reduce, round_bytes=exchange.bytes_sent,
                      epoch_communication=buffers)
 
@@ -157,7 +159,7 @@ def _rounds(shape: Shape, layout: Layout, compute: Compute, network: Network, va
             extra_copies: int) -> StepCosts:
     """Rounds across all workers every `period` steps (or once an epoch), and within groups every
     `group_period`: their cost spread over the steps between them."""
-    step = compute.step(shape.batch) + compute.update_seconds
+    step = compute.step(shape.batch)
     if layout.workers <= 1:
         return StepCosts(compute=step)
     size = values * VALUE_BYTES
@@ -188,14 +190,17 @@ def server_costs(shape: Shape, layout: Layout, compute: Compute, network: Networ
     link = network.message() if layout.nodes > 1 else network.inside
     update = (shape.parameters + shape.buffers) * VALUE_BYTES + HEADER_BYTES
     reply = shape.parameters * VALUE_BYTES + HEADER_BYTES
-    local = compute.update_seconds if shape.algorithm == "easgd" else copy_seconds(compute, shape.parameters)
-    work = every * (compute.step(shape.batch) + local) + 2 * copy_seconds(compute, shape.parameters)
+    # a Downpour trainer does not step its own optimizer: it adds its gradients to the update instead
+    local = 0.0 if shape.algorithm == "easgd" else copy_seconds(compute, shape.parameters) - compute.update_seconds
+    work = every * max(compute.step(shape.batch) + local, 0.0) + 2 * copy_seconds(compute, shape.parameters)
     think = work + 2 * link.latency
+    # the server's link is shared: each message's time beyond the fixed per-message cost queues there
     services = [compute.update_seconds + 3 * copy_seconds(compute, shape.parameters),
-                update / link.bandwidth, reply / link.bandwidth]
+                max(link.seconds(update) - link.latency, 0.0), max(link.seconds(reply) - link.latency, 0.0)]
     clients = trainers(shape, layout)
     if shape.options.get("synchronous", False):
-        cycle = think + clients * sum(services[1:]) + services[0] + (clients - 1) * copy_seconds(compute, shape.parameters)
+        combining = (clients - 1) * copy_seconds(compute, shape.parameters)  # the server sums the updates
+        cycle = think + clients * sum(services[1:]) + services[0] + combining
         staleness = 0.0
     else:
         queue = closed_queue(services, think, clients)
@@ -212,7 +217,7 @@ def _exchange_period(shape: Shape) -> int:
 
 
 def plain_costs(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepCosts:
-    return StepCosts(compute=compute.step(shape.batch) + compute.update_seconds)
+    return StepCosts(compute=compute.step(shape.batch))
 
 
 def algorithm_costs(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepCosts:
@@ -225,6 +230,8 @@ def algorithm_costs(shape: Shape, layout: Layout, compute: Compute, network: Net
 def predict(shape: Shape, layout: Layout, compute: Compute, network: Network) -> Prediction:
     """Seconds per epoch (the slowest trainer's, as `epoch_end` records it) and for the whole job."""
     count = trainers(shape, layout)
+    if layout.nodes > 1:  # the slowest machine sets the pace
+        compute = dataclasses.replace(compute, loop_factor=compute.loop_factor * network.slowest_host)
     costs = algorithm_costs(shape, layout, compute, network)
     steps = math.ceil((shape.rows // count) / shape.batch)
     compute_seconds = steps * costs.compute + costs.epoch_compute
@@ -232,7 +239,8 @@ def predict(shape: Shape, layout: Layout, compute: Compute, network: Network) ->
     epoch = compute_seconds + communication
     evaluations = len([e for e in range(1, shape.epochs + 1) if e % shape.eval_every == 0 or e == shape.epochs])
     evaluation = shape.test_rows * compute.evaluate_seconds_per_row
-    startup = compute.startup_seconds + RENDEZVOUS_MESSAGES * layout.nodes * network.across.latency * (layout.nodes > 1)
+    joining = RENDEZVOUS_MESSAGES * network.across.latency * layout.nodes * (layout.nodes > 1)
+    startup = compute.startup_seconds + compute.startup_per_node * layout.nodes + joining
     load = (shape.rows / count) / compute.load_rows_per_second
     fixed = startup + shape.epochs * (costs.epoch_compute + costs.epoch_communication) + evaluations * evaluation
     per_row = (1 / compute.load_rows_per_second + shape.epochs * costs.per_step() / shape.batch) / count

@@ -29,7 +29,7 @@ class Compute:
     parameters: int
     threads: int
     step_seconds: dict[int, float]
-    """Batch size -> seconds of one step's batch slicing, forward and backward (no update, no exchange)."""
+    """Batch size -> seconds of one local step: batch slicing, forward, backward and the optimizer's step."""
     update_seconds: float
     """The optimizer's step over every parameter."""
     copy_seconds_per_byte: float
@@ -43,16 +43,22 @@ class Compute:
     step_spread: float = 0.0
     """How much later than the mean the slowest of two workers finishes a step (seconds): what a
     collective waits for at every step, beside the transfer itself."""
+    startup_per_node: float = 0.0
+    """Start-up added by every node (0 for shoal, whose nodes start in parallel; a described cluster whose
+    orchestration starts nodes one by one sets it)."""
+    loop_factor: float = 1.0
+    """A real training loop's step over the probed one, at the job's batch size (the loop's own work per
+    step: its hooks, its batches' order), measured once with a short real job."""
 
     def step(self, batch: int) -> float:
         """Seconds of a step at `batch` rows, interpolated between the measured batch sizes (linear beyond)."""
         sizes = sorted(self.step_seconds)
         if len(sizes) == 1:
-            return self.step_seconds[sizes[0]] * batch / sizes[0]
+            return self.step_seconds[sizes[0]] * batch / sizes[0] * self.loop_factor
         index = min(max(bisect.bisect_left(sizes, batch), 1), len(sizes) - 1)
         low, high = sizes[index - 1], sizes[index]
         slope = (self.step_seconds[high] - self.step_seconds[low]) / (high - low)
-        return max(self.step_seconds[low] + slope * (batch - low), 0.0)
+        return max(self.step_seconds[low] + slope * (batch - low), 0.0) * self.loop_factor
 
 
 @dataclass
@@ -65,6 +71,9 @@ class Network:
     """How it was known: measured between which hosts, or described by the user."""
     message_across: Link | None = None
     """A point-to-point message across machines (a parameter server's), when measured apart from the ring."""
+    slowest_host: float = 1.0
+    """The same compute burst's time on the slowest probed host over this machine's: a cluster's epoch
+    goes at its slowest worker's pace, and compute was measured here."""
 
     def message(self) -> Link:
         return self.message_across or self.across
@@ -115,7 +124,12 @@ def _link(path: Path, key: str, raw) -> Link:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: {key}: expected {{latency, bandwidth}}")
     bandwidth = _number(path, f"{key}.bandwidth", raw.get("bandwidth"), minimum=1.0)
-    return Link(latency=_number(path, f"{key}.latency", raw.get("latency")), bandwidth=bandwidth)
+    points = raw.get("points", [])
+    if not isinstance(points, list) or not all(isinstance(point, list) and len(point) == 2 for point in points):
+        raise ConfigError(f"{path}: {key}.points: expected [[bytes, seconds], ...]")
+    measured = tuple(sorted((int(_number(path, f"{key}.points", size)), _number(path, f"{key}.points", seconds))
+                            for size, seconds in points))
+    return Link(latency=_number(path, f"{key}.latency", raw.get("latency")), bandwidth=bandwidth, points=measured)
 
 
 def _network(path: Path, raw) -> Network | None:
@@ -126,7 +140,8 @@ def _network(path: Path, raw) -> Network | None:
     message = raw.get("message_across")
     return Network(across=_link(path, "network.across", raw.get("across")),
                    inside=_link(path, "network.inside", raw.get("inside")), source=str(raw.get("source", "?")),
-                   message_across=None if message is None else _link(path, "network.message_across", message))
+                   message_across=None if message is None else _link(path, "network.message_across", message),
+                   slowest_host=_number(path, "network.slowest_host", raw.get("slowest_host", 1.0), minimum=0.01))
 
 
 def _compute(path: Path, raw) -> Compute | None:
@@ -142,9 +157,11 @@ def _compute(path: Path, raw) -> Compute | None:
                         for batch, seconds in steps.items()}
     except ValueError:
         raise ConfigError(f"{path}: compute.step_seconds: batch sizes must be integers") from None
-    numbers = {name: _number(path, f"compute.{name}", raw.get(name, 0.0 if name == "step_spread" else None))
+    defaults = {"step_spread": 0.0, "loop_factor": 1.0, "startup_per_node": 0.0}
+    numbers = {name: _number(path, f"compute.{name}", raw.get(name, defaults.get(name)))
                for name in ("update_seconds", "copy_seconds_per_byte", "evaluate_seconds_per_row",
-                            "load_rows_per_second", "startup_seconds", "step_spread")}
+                            "load_rows_per_second", "startup_seconds", "step_spread", "loop_factor",
+                            "startup_per_node")}
     return Compute(model=str(raw.get("model", "")), parameters=int(_number(path, "compute.parameters",
                    raw.get("parameters"))), threads=int(_number(path, "compute.threads", raw.get("threads"), 1)),
                    step_seconds=step_seconds, **numbers)

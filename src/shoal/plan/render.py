@@ -6,6 +6,7 @@ from pathlib import Path
 
 from shoal.plan.planner import Plan, rows_text
 from shoal.plan.profile import Profile
+from shoal.train.report import save_atomically
 
 
 def seconds_text(seconds: float) -> str:
@@ -63,5 +64,5 @@ def plot(plan: Plan, path: Path) -> Path:
     by_rows.set(xscale="log", yscale="log", xlabel="training rows", ylabel="predicted job seconds",
                 title=f"{first}: job time against dataset size")
     by_rows.legend()
-    figure.savefig(path, dpi=110)
+    save_atomically(Path(path), lambda temporary: figure.savefig(temporary, dpi=110, format="png"))
     return path

@@ -1,0 +1,108 @@
+"""`shoal plan` from the command line, on a profile the test writes (the probes run in tests/cluster)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shoal.api import resolve_job
+from shoal.cli import main
+from shoal.plan.calibrate import model_key_of
+from shoal.plan.costs import Link
+from shoal.plan.planner import job_shape
+from shoal.plan.predict import Layout, predict
+from shoal.plan.profile import Compute, Network, Profile
+from tests.e2e.jobs import write_task
+
+
+@pytest.fixture
+def planned(tmp_path):
+    """A job with a test set, and a profile of this job's model."""
+    train, test = write_task(tmp_path / "task", rows=20_000, test_rows=2000)
+    job_path = tmp_path / "job.toml"
+    job_path.write_text(f"""
+[model]
+layers = [{{ dense = 32, activation = "relu" }}, {{ dense = 2 }}]
+[data]
+train = "{train}"
+test = "{test}"
+[algorithm]
+name = "averaging"
+[train]
+epochs = 4
+batch_size = 64
+[cluster]
+threads = 1
+""")
+    job = resolve_job(job_path, [])
+    compute = Compute(model=model_key_of(job), parameters=0, threads=1, step_seconds={64: 0.002, 256: 0.006},
+                      update_seconds=1e-4, copy_seconds_per_byte=1e-10, evaluate_seconds_per_row=1e-6,
+                      load_rows_per_second=2e5, startup_seconds=4.0, step_spread=2e-5)
+    profile = Profile(machine={"host": "test"}, compute=compute,
+                      network=Network(across=Link(5e-4, 1.25e7), inside=Link(3e-5, 2e9), source="test"))
+    profile.save(tmp_path / "profile.json")
+    return job_path, tmp_path / "profile.json", profile
+
+
+def test_plan_prints_a_table_crossovers_and_a_recommendation(planned, capsys, tmp_path):
+    job_path, profile_path, _ = planned
+    assert main(["plan", str(job_path), "--profile", str(profile_path), "--nodes", "1,2,4",
+                 "--plot", str(tmp_path / "plan.png")]) == 0
+    out = capsys.readouterr().out
+    assert "nodes  workers  algorithm" in out
+    for algorithm in ("averaging", "sync", "downpour"):
+        assert algorithm in out
+    assert "rows from which each node count beats the one before it" in out
+    assert "recommended: " in out
+    assert (tmp_path / "plan.png").stat().st_size > 10_000
+
+
+def test_plan_json_holds_the_models_predictions(planned, capsys):
+    job_path, profile_path, profile = planned
+    assert main(["plan", str(job_path), "--profile", str(profile_path), "--nodes", "1,2", "--rows", "500000",
+                 "--algorithms", "sync", "--workers-per-node", "2", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    shape = job_shape(resolve_job(job_path, []), 500_000, "sync")
+    expected = predict(shape, Layout(2, 2), profile.compute, profile.network)
+    row = next(p for p in plan["predictions"] if p["nodes"] == 2)
+    assert row["workers"] == 4 and row["rows"] == 500_000
+    assert row["epoch_seconds"] == pytest.approx(expected.epoch_seconds)
+    assert row["speedup"] == pytest.approx(plan["predictions"][0]["job_seconds"] / expected.job_seconds)
+    assert set(plan["crossovers"]) == {"sync"}
+
+
+def test_a_described_link_replaces_the_profiles(planned, capsys):
+    job_path, profile_path, _ = planned
+    assert main(["plan", str(job_path), "--profile", str(profile_path), "--link", "10mbit", "--latency", "1ms",
+                 "--nodes", "2", "--algorithms", "sync", "--json"]) == 0
+    slow = json.loads(capsys.readouterr().out)["predictions"][0]
+    assert main(["plan", str(job_path), "--profile", str(profile_path), "--nodes", "2", "--algorithms", "sync",
+                 "--json"]) == 0
+    measured = json.loads(capsys.readouterr().out)["predictions"][0]
+    assert slow["communication_seconds"] > measured["communication_seconds"]
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--nodes", "0,2"], "--nodes: node counts must be >= 1"),
+    (["--nodes", "two"], "--nodes: expected node counts"),
+    (["--latency", "1ms"], "--latency: only with --link"),
+    (["--link", "fast"], "--link: cannot read 'fast'"),
+    (["--algorithms", "hogwild"], "--algorithms: unknown algorithm 'hogwild'"),
+    (["--workers-per-node", "0"], "--workers-per-node: must be >= 1"),
+    (["--rows", "0"], "--rows: must be >= 1"),
+    (["--save-profile", "/nonexistent/folder/p.json"], "--save-profile: no folder /nonexistent/folder"),
+    (["--plot", "/nonexistent/folder/p.png"], "--plot: no folder /nonexistent/folder"),
+])
+def test_bad_options_are_one_line_and_exit_2(planned, capsys, arguments, message):
+    job_path, profile_path, _ = planned
+    assert main(["plan", str(job_path), "--profile", str(profile_path), *arguments]) == 2
+    error = capsys.readouterr().err
+    assert message in error and len(error.strip().splitlines()) == 1
+
+
+def test_a_bad_profile_is_one_line_and_exit_2(planned, capsys, tmp_path):
+    job_path, _, _ = planned
+    (tmp_path / "bad.json").write_text("[]")
+    assert main(["plan", str(job_path), "--profile", str(tmp_path / "bad.json")]) == 2
+    assert "bad.json: format" in capsys.readouterr().err

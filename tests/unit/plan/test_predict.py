@@ -1,0 +1,109 @@
+"""Predictions of each algorithm's epoch against the same sums done by hand, and the planner's choices."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from shoal.plan.costs import Link
+from shoal.plan.planner import make_plan, rows_text
+from shoal.plan.predict import Layout, Shape, predict
+from shoal.plan.profile import Compute, Network, Profile
+
+ACROSS = Link(latency=1e-3, bandwidth=1e6)
+INSIDE = Link(latency=1e-5, bandwidth=1e9)
+
+
+def compute(**changes) -> Compute:
+    values = dict(model="m", parameters=999, threads=1, step_seconds={100: 0.01, 200: 0.02}, update_seconds=0.001,
+                  copy_seconds_per_byte=0.0, evaluate_seconds_per_row=1e-5, load_rows_per_second=1e5,
+                  startup_seconds=5.0, step_spread=0.0)
+    return Compute(**{**values, **changes})
+
+
+def shape(algorithm: str = "sync", **changes) -> Shape:
+    values = dict(parameters=999, buffers=0, rows=10_000, test_rows=1000, batch=100, epochs=3, eval_every=1,
+                  algorithm=algorithm, options={})
+    return Shape(**{**values, **changes})
+
+
+NETWORK = Network(across=ACROSS, inside=INSIDE, source="test")
+
+
+def test_one_worker_is_its_steps_and_nothing_else():
+    found = predict(shape(), Layout(1, 1), compute(), NETWORK)
+    assert found.steps == 100
+    assert found.epoch_seconds == pytest.approx(100 * 0.01)
+    assert found.communication_seconds == 0
+    assert found.job_seconds == pytest.approx(5.0 + 10_000 / 1e5 + 3 * 1.0 + 3 * 1000 * 1e-5)
+
+
+def test_sync_pays_a_ring_all_reduce_of_the_gradients_every_step():
+    found = predict(shape(), Layout(2, 1), compute(), NETWORK)
+    size = (999 + 1) * 4  # the gradients and the row count
+    reduce = 2 * (1e-3 + size / 2 / 1e6)
+    assert found.steps == 50
+    assert found.communication_seconds == pytest.approx(50 * reduce)
+    assert found.epoch_seconds == pytest.approx(50 * (0.01 + reduce))
+    assert found.bytes_per_epoch == pytest.approx(50 * size)
+
+
+def test_averaging_each_epoch_exchanges_the_weights_once():
+    found = predict(shape("averaging"), Layout(4, 1), compute(), NETWORK)
+    reduce = 6 * (1e-3 + 999 * 4 / 4 / 1e6)
+    assert found.steps == 25
+    assert found.epoch_seconds == pytest.approx(25 * 0.01 + reduce)
+
+
+def test_averaging_every_period_steps_rounds_up_the_last_round():
+    found = predict(shape("averaging", options={"period": 10}), Layout(2, 1), compute(), NETWORK)
+    reduce = 2 * (1e-3 + 999 * 4 / 2 / 1e6)
+    assert found.communication_seconds == pytest.approx(math.ceil(50 / 10) * reduce)
+
+
+def test_downpour_with_one_trainer_waits_for_both_messages_and_the_servers_step():
+    found = predict(shape("downpour"), Layout(2, 1), compute(), NETWORK)
+    update, reply = 999 * 4 + 64, 999 * 4 + 64
+    exchange = ACROSS.seconds(update) + ACROSS.seconds(reply) + 0.001  # the server's optimizer step
+    assert found.trainers == 1 and found.steps == 100
+    # a trainer takes no optimizer step of its own
+    assert found.epoch_seconds == pytest.approx(100 * (0.01 - 0.001 + exchange))
+    assert found.staleness == 0
+
+
+def test_an_asynchronous_server_saturates_and_its_updates_grow_stale():
+    slow = compute(update_seconds=0.05)  # the server's step is 5x a trainer's compute
+    found = predict(shape("downpour", rows=80_000), Layout(9, 1), slow, NETWORK)
+    assert found.trainers == 8
+    assert found.staleness == pytest.approx(7, abs=1e-6)  # every other trainer's update comes first
+    per_update = found.epoch_seconds / found.steps / found.trainers
+    assert per_update == pytest.approx(0.05, rel=0.01)  # the busiest station, the server's processor, sets the pace
+
+
+def test_a_plan_finds_the_crossover_and_recommends_the_smallest_cluster_near_the_fastest():
+    profile = Profile(compute=compute(), network=NETWORK)
+    plan = make_plan([shape("averaging", rows=1_000_000)], [1, 2, 4], 1, profile)
+    one, two = plan.predictions[0], plan.predictions[1]
+    crossing = plan.crossovers["averaging"][2]
+    assert one.line.at(crossing) == pytest.approx(two.line.at(crossing))
+    assert plan.speedup(two) == pytest.approx(one.job_seconds / two.job_seconds)
+    assert plan.recommendation.startswith("4 node(s) x 1 worker(s), averaging, batch 100")
+    assert rows_text(None) == "never" and rows_text(0.0) == "always" and rows_text(1234.2) == "1,235"
+
+
+def test_a_link_bound_sync_job_is_told_to_take_a_larger_batch():
+    profile = Profile(compute=compute(), network=Network(across=Link(1e-3, 1e5), inside=INSIDE, source="test"))
+    plan = make_plan([shape("sync", rows=1_000_000)], [1, 2], 1, profile)
+    assert "1 node(s)" in plan.recommendation and "more machines do not pay" in plan.recommendation
+    assert plan.crossovers["sync"][2] is None
+
+
+def test_easgd_is_a_server_unless_synchronous():
+    server = predict(shape("easgd", rows=20_000), Layout(3, 1), compute(), NETWORK)
+    collective = predict(shape("easgd", rows=20_000, options={"synchronous": True}), Layout(3, 1), compute(), NETWORK)
+    assert (server.algorithm, server.trainers) == ("easgd (server)", 2)
+    assert (collective.algorithm, collective.trainers) == ("easgd", 3)
+    # the collective form: an all-reduce of the weights' differences every 4 steps
+    reduce = 4 * (1e-3 + 999 * 4 / 3 / 1e6)
+    assert collective.communication_seconds == pytest.approx(math.ceil(collective.steps / 4) * reduce)

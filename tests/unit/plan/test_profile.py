@@ -1,0 +1,69 @@
+"""Profiles: saved whole, read back equal, and a bad one is one line naming the file and the key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shoal.errors import ConfigError
+from shoal.plan.calibrate import parse_latency, parse_rate
+from shoal.plan.costs import Link
+from shoal.plan.profile import Compute, Network, Profile, load_profile
+
+
+def profile() -> Profile:
+    compute = Compute(model="abc", parameters=10, threads=1, step_seconds={32: 0.001, 128: 0.003},
+                      update_seconds=1e-4, copy_seconds_per_byte=1e-10, evaluate_seconds_per_row=1e-6,
+                      load_rows_per_second=1e5, startup_seconds=5.0, step_spread=1e-5)
+    network = Network(across=Link(1e-4, 1.25e8, points=((4096, 2e-4), (65536, 8e-4))), inside=Link(3e-5, 2e9),
+                      source="described")
+    return Profile(machine={"host": "h"}, compute=compute, network=network)
+
+
+def test_a_saved_profile_reads_back_equal(tmp_path):
+    path = tmp_path / "profile.json"
+    profile().save(path)
+    assert load_profile(path) == profile()
+    assert not list(tmp_path.glob(".*"))  # no temporary left beside it
+
+
+def test_steps_are_interpolated_between_measured_batches_and_extended_beyond():
+    compute = profile().compute
+    assert compute.step(64) == pytest.approx(0.001 + 32 * (0.002 / 96))
+    assert compute.step(256) == pytest.approx(0.003 + 128 * (0.002 / 96))
+
+
+@pytest.mark.parametrize("change, key", [
+    (lambda raw: raw.update(format=7), "format"),
+    (lambda raw: raw["compute"].update(update_seconds=-1), "compute.update_seconds"),
+    (lambda raw: raw["compute"].update(step_seconds={}), "compute.step_seconds"),
+    (lambda raw: raw["compute"].update(step_seconds={"big": 1.0}), "compute.step_seconds"),
+    (lambda raw: raw["network"]["across"].update(bandwidth="fast"), "network.across.bandwidth"),
+    (lambda raw: raw["network"]["across"].update(points=[1, 2]), "network.across.points"),
+    (lambda raw: raw.update(network=[]), "network"),
+])
+def test_a_bad_profile_names_the_file_and_key(tmp_path, change, key):
+    raw = json.loads(profile().to_json())
+    change(raw)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=f"{path}: {key}"):
+        load_profile(path)
+
+
+def test_a_missing_or_unreadable_profile_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="no such profile"):
+        load_profile(tmp_path / "absent.json")
+    (tmp_path / "torn.json").write_text('{"format": 1, "comp')
+    with pytest.raises(ConfigError, match="torn.json: not a shoal profile"):
+        load_profile(tmp_path / "torn.json")
+
+
+def test_described_links_read_rates_and_times():
+    assert parse_rate("1gbit") == 1e9 and parse_rate("100Mbit") == 1e8 and parse_rate("10mbps") == 1e7
+    assert parse_latency("0.1ms") == pytest.approx(1e-4) and parse_latency("50us") == pytest.approx(5e-5)
+    with pytest.raises(ConfigError, match="--link: cannot read 'fast'"):
+        parse_rate("fast")
+    with pytest.raises(ConfigError, match="--latency: cannot read"):
+        parse_latency("soon")
