@@ -10,7 +10,6 @@ analysis; and two linear cost curves cross where their fixed and per-row costs b
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass
 
 
@@ -113,8 +112,3 @@ def crossover(smaller: Line, larger: Line) -> float | None:
     if saved_per_row <= 0:
         return None
     return extra / saved_per_row
-
-
-def rounds_per_epoch(steps: int, period: int) -> int:
-    """Exchanges in an epoch of `steps` steps, one every `period` steps and one more for steps left over."""
-    return math.ceil(steps / period) if steps else 0

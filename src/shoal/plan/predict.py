@@ -16,7 +16,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from shoal.plan.costs import Line, Link, closed_queue, hierarchical_all_reduce, ring_all_reduce
+from shoal.plan.costs import Line, closed_queue, hierarchical_all_reduce, ring_all_reduce
 from shoal.plan.profile import Compute, Network
 
 VALUE_BYTES = 4  # float32 on the wire
@@ -257,8 +257,3 @@ def name(shape: Shape) -> str:
     if shape.algorithm == "easgd":
         return "easgd (server)" if is_server(shape) else "easgd"
     return shape.algorithm
-
-
-def described_link(rate: float, latency: float) -> Link:
-    """A link the user describes: `rate` bits per second, `latency` seconds one way."""
-    return Link(latency=latency, bandwidth=rate / 8)
