@@ -260,6 +260,7 @@ def command_scaling(args: argparse.Namespace) -> int:
     from shoal.cluster.signals import Interrupted
 
     job = resolve_job(args.job, args.overrides)
+    profile = plan_profile(args.profile)  # a bad one is refused now, not after the study
     rows = parse_rows(args.sizes) if args.sizes is not None else None
     ratios = parse_ratios(args.ratios) if args.ratios is not None else None
     hosts = nodes = None
@@ -277,15 +278,24 @@ def command_scaling(args: argparse.Namespace) -> int:
         print(f"shoal: {interrupt}; the finished trials are in {args.out}/trials.csv: run the same command "
               "to go on", file=sys.stderr)
         return interrupt.exit_code
-    print(f"report: {write_report(args.out, args.measure, args.alpha, args.profile)}")
+    print(f"report: {write_report(args.out, args.measure, args.alpha, profile)}")
     return 0
 
 
 def command_scaling_report(args: argparse.Namespace) -> int:
     from shoal.bench.report import write_report
 
-    print(write_report(args.out, args.measure, args.alpha, args.profile))
+    print(write_report(args.out, args.measure, args.alpha, plan_profile(args.profile)))
     return 0
+
+
+def plan_profile(path: Path | None):
+    """`--profile` of a study: a profile saved by shoal plan, read whole (a bad file is one line, exit 2)."""
+    if path is None:
+        return None
+    from shoal.plan.profile import load_profile
+
+    return load_profile(path)
 
 
 def command_plan(args: argparse.Namespace) -> int:

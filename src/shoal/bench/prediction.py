@@ -7,12 +7,11 @@ check the plan on the user's own cluster, and show where the model and the machi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from shoal.bench.analysis import Analysis
 from shoal.errors import ShoalError
 from shoal.plan.predict import Layout, Prediction, predict
-from shoal.plan.profile import load_profile
+from shoal.plan.profile import Profile
 
 
 @dataclass
@@ -34,18 +33,25 @@ def predicted_measure(prediction: Prediction, measure: str, epochs: int) -> floa
     return prediction.job_seconds
 
 
-def predict_cells(study: dict, analysis: Analysis, trials: list[dict], profile_path: Path) -> list[CellPrediction]:
-    """Every cell's prediction under the profile; a job whose data cannot be opened now raises ShoalError."""
+def study_job(study: dict):
+    """The study's job as it trains; study.json leaves data.train out (trials set it), so it comes back here."""
     from shoal.jobs import from_dict
+
+    raw = dict(study["job"])
+    raw["data"] = {**raw.get("data", {}), "train": study["train"]}
+    return from_dict(raw, name=raw.get("name", "job"))
+
+
+def predict_cells(study: dict, analysis: Analysis, trials: list[dict], profile: Profile) -> list[CellPrediction]:
+    """Every cell's prediction under the profile; a job whose data cannot be opened now raises ShoalError."""
     from shoal.plan.calibrate import model_key_of
     from shoal.plan.planner import job_shape
 
-    profile = load_profile(profile_path)
-    job = from_dict(dict(study["job"]), name=study["job"].get("name", "job"))
+    job = study_job(study)
     if profile.compute is None or profile.network is None:
-        raise ShoalError(f"{profile_path}: the profile holds no compute or no network (save one with shoal plan)")
+        raise ShoalError("the profile holds no compute or no network (save one with shoal plan)")
     if profile.compute.model != model_key_of(job):
-        raise ShoalError(f"{profile_path}: its compute was measured on another model than the study's "
+        raise ShoalError("the profile's compute was measured on another model than the study's "
                          "(shoal plan JOB --save-profile PATH measures this one)")
     nodes = {(row["size"], row["workers"]): row.get("nodes") or 1 for row in trials}
     found = []
@@ -59,11 +65,11 @@ def predict_cells(study: dict, analysis: Analysis, trials: list[dict], profile_p
     return found
 
 
-def prediction_lines(study: dict, analysis: Analysis, trials: list[dict], profile_path: Path) -> list[str]:
+def prediction_lines(study: dict, analysis: Analysis, trials: list[dict], profile: Profile) -> list[str]:
     """The report's section: one row per cell, or one line saying why there is none."""
-    lines = ["", f"## The plan's prediction ({profile_path})", ""]
+    lines = ["", f"## The plan's prediction ({profile.network.source if profile.network else 'no network'})", ""]
     try:
-        cells = predict_cells(study, analysis, trials, profile_path)
+        cells = predict_cells(study, analysis, trials, profile)
     except ShoalError as error:
         return lines + [f"No prediction: {error}", ""]
     lines += ["| size | rows | workers | nodes | measured mean (s) | predicted (s) | predicted / measured |",

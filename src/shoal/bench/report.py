@@ -17,12 +17,14 @@ from shoal.bench.plots import MEASURE_TEXT, PLOTS
 from shoal.bench.prediction import prediction_lines
 from shoal.bench.study import STUDY_FILE, read_trials
 from shoal.errors import ConfigError
+from shoal.plan.profile import Profile
 from shoal.train.report import save_atomically
 
 REPORT_FILE = "report.md"
 
 
-def write_report(out: Path, measure: str = "train_seconds", alpha: float = 0.05, profile: Path | None = None) -> Path:
+def write_report(out: Path, measure: str = "train_seconds", alpha: float = 0.05,
+                 profile: Profile | None = None) -> Path:
     """report.md, anova.csv, tukey.csv and the PNG plots in the study folder; the report's path. With a
     plan's `profile`, the report also sets each cell's prediction beside its measurement."""
     out = Path(out)
@@ -45,7 +47,7 @@ def write_report(out: Path, measure: str = "train_seconds", alpha: float = 0.05,
     study = json.loads((out / STUDY_FILE).read_text())
     text = markdown(analysis, study, images)
     if profile is not None:
-        text += "\n".join(prediction_lines(study, analysis, trials, Path(profile)))
+        text += "\n".join(prediction_lines(study, analysis, trials, profile))
     path = out / REPORT_FILE
     save_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
     return path

@@ -19,7 +19,7 @@ from tests.distributed.common import write_dataset
 
 def write_study(folder, train) -> dict:
     job = {"name": "study", "model": {"layers": [{"dense": 8, "activation": "tanh"}, {"dense": 3}]},
-           "data": {"train": str(train)}, "algorithm": {"name": "averaging"}, "train": {"epochs": 2, "batch_size": 16},
+           "data": {}, "algorithm": {"name": "averaging"}, "train": {"epochs": 2, "batch_size": 16},
            "cluster": {"threads": 1}}
     folder.mkdir()
     (folder / STUDY_FILE).write_text(json.dumps({"job": job, "train": str(train), "fingerprint": {}, "seed": 0}))
@@ -30,7 +30,7 @@ def write_study(folder, train) -> dict:
              "run_dir": "x", "finished": "now", "nodes": 1, "hosts": ""}
             for workers in (1, 2) for trial in (1, 2, 3)]
     write_trials(folder, rows)
-    return job
+    return {**job, "data": {"train": str(train)}}  # as it trains: study.json leaves data.train out
 
 
 def test_the_report_sets_each_cells_prediction_beside_its_mean(tmp_path):
@@ -40,8 +40,7 @@ def test_the_report_sets_each_cells_prediction_beside_its_mean(tmp_path):
                       update_seconds=0.0, copy_seconds_per_byte=0.0, evaluate_seconds_per_row=0.0,
                       load_rows_per_second=1e5, startup_seconds=4.0)
     profile = Profile(compute=compute, network=Network(across=Link(1e-4, 1e8), inside=Link(1e-5, 1e9), source="t"))
-    profile.save(tmp_path / "profile.json")
-    text = write_report(tmp_path / "study", profile=tmp_path / "profile.json").read_text()
+    text = write_report(tmp_path / "study", profile=profile).read_text()
     expected = 2 * predict(job_shape(job, 300), Layout(1, 2), compute, profile.network).epoch_seconds
     row = next(line for line in text.splitlines() if line.startswith("| 300 | 300 | 2 | 1 |"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
@@ -53,9 +52,17 @@ def test_the_report_sets_each_cells_prediction_beside_its_mean(tmp_path):
 def test_a_study_whose_data_is_gone_says_so_in_one_line(tmp_path):
     write_dataset(tmp_path / "train", rows=300)
     write_study(tmp_path / "study", tmp_path / "absent")
-    Profile(compute=Compute(model="m", parameters=0, threads=1, step_seconds={16: 0.001}, update_seconds=0.0,
-                            copy_seconds_per_byte=0.0, evaluate_seconds_per_row=0.0, load_rows_per_second=1e5,
-                            startup_seconds=4.0),
-            network=Network(across=Link(1e-4, 1e8), inside=Link(1e-5, 1e9), source="t")).save(tmp_path / "p.json")
-    text = write_report(tmp_path / "study", profile=tmp_path / "p.json").read_text()
+    profile = Profile(compute=Compute(model="m", parameters=0, threads=1, step_seconds={16: 0.001}, update_seconds=0.0,
+                                      copy_seconds_per_byte=0.0, evaluate_seconds_per_row=0.0,
+                                      load_rows_per_second=1e5, startup_seconds=4.0),
+                      network=Network(across=Link(1e-4, 1e8), inside=Link(1e-5, 1e9), source="t"))
+    text = write_report(tmp_path / "study", profile=profile).read_text()
     assert "No prediction: " in text and "absent" in text
+
+
+def test_a_bad_profile_is_refused_before_a_study_starts(tmp_path, capsys):
+    from shoal.cli import main
+
+    (tmp_path / "bad.json").write_text("{}")
+    assert main(["bench", "report", str(tmp_path), "--profile", str(tmp_path / "bad.json")]) == 2
+    assert "bad.json: format" in capsys.readouterr().err
