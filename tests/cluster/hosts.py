@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from shoal.cluster.interface import SOCKET_VARIABLES
+from shoal.plan.calibrate import parse_rate
 
 SUBNET = "10.77.0"
 
@@ -48,6 +49,13 @@ class HostCommandFailed(subprocess.CalledProcessError):
 
 def _ip(*arguments: str) -> None:
     subprocess.run(["ip", *arguments], check=True, capture_output=True, text=True)
+
+
+def burst_bytes(rate: str) -> int:
+    """tbf's token bucket for `rate`: 128 µs of the line, and at least a full frame. A larger bucket lets an
+    occasional exchange (a once-per-epoch average, a step's gradients after its compute) pass at the
+    bridge's speed, which a real link of that rate never does; much smaller ones fall short of the rate."""
+    return max(int(parse_rate(rate) / 8 * 128e-6), 1600)
 
 
 class EmulatedCluster:
@@ -101,7 +109,8 @@ class EmulatedCluster:
         _ip("-n", namespace, "link", "set", "eth0", "up")
         _ip("-n", namespace, "link", "set", "lo", "up")
         subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
-                        "rate", self.rate, "burst", "256kb", "latency", "50ms"], check=True, capture_output=True)
+                        "rate", self.rate, "burst", str(burst_bytes(self.rate)), "latency", "50ms"],
+                       check=True, capture_output=True)
         # `ip netns exec` bind-mounts /etc/netns/NAME/hosts over /etc/hosts: the hostname maps to loopback
         hosts_file = Path("/etc/netns") / namespace / "hosts"
         hosts_file.parent.mkdir(parents=True, exist_ok=True)

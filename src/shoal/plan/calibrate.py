@@ -12,16 +12,13 @@ from __future__ import annotations
 import re
 import sys
 
-import numpy as np
-import torch
-
 from shoal.bench.machine import describe
 from shoal.cluster.remote import remote_command
 from shoal.config import JobConfig
 from shoal.errors import ConfigError
-from shoal.plan.compute_probe import measure_compute, model_key, timed
+from shoal.plan.compute_probe import measure_compute, model_key
 from shoal.plan.costs import Link
-from shoal.plan.network_probe import links, probe_command, probe_sizes, run_pair, work_burst
+from shoal.plan.network_probe import links, probe_command, probe_sizes, run_pair
 from shoal.plan.profile import Network, Profile
 
 DEFAULT_RATE, DEFAULT_LATENCY = "1gbit", "0.1ms"
@@ -68,14 +65,11 @@ def measure_network(hosts: list[str], template: str, port: int, per_node: int, m
     sizes = probe_sizes(message)
     results = measured_pair(hosts[0], hosts[1], template, port, sizes)
     across, message_link = links(results)
-    torch.set_num_threads(1)  # as the probe's ranks: the burst is one thread's work
-    burst = work_burst()
-    here = float(np.median([np.mean(timed(burst, seconds=0.5)) for _ in range(3)]))
     inside = LOOPBACK
     if per_node > 1:
         inside, _ = links(measured_pair(hosts[0], hosts[0], template, port, sizes))
     return Network(across=across, inside=inside, message_across=message_link,
-                   slowest_host=max(results["bursts"]) / here, source=f"measured between {hosts[0]} and {hosts[1]}")
+                   slowest_host=results["pace"], source=f"measured between {hosts[0]} and {hosts[1]}")
 
 
 def calibrate(job: JobConfig, profile: Profile | None, *, threads: int, hosts: list[str] | None = None,

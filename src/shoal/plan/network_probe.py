@@ -1,7 +1,8 @@
 """Measure the network between machines with the job's own transport: torch.distributed over gloo.
 
 Two ranks, started on two hosts through the cluster's remote command (`ssh {host}`) or both on
-this machine, time point-to-point messages (a ping-pong, halved) and all-reduces at a few sizes.
+this machine, time point-to-point messages (a ping-pong, halved) and all-reduces at a few sizes,
+each after a compute burst as a training step would send them, and compare the hosts' speed.
 A straight line through each set of points gives the link as the planner prices it: a fixed cost
 per message (the wire's latency plus the software's per-message work) and a bandwidth. Rank 0
 prints the measurements as one JSON line.
@@ -70,28 +71,43 @@ def work_burst():
     return burst
 
 
+PACE_ROUNDS = 5  # side-by-side rounds of the burst; their median ratio is the pace
+
+
 def measure(rank: int, sizes: tuple[int, ...], seconds: float) -> dict:
-    """Per size: one message's seconds (half a ping-pong) and an all-reduce's, on the group already set up;
-    and the same patterns after a compute burst, less the burst's own time: what an exchange costs a step
-    on a busy worker, where the kernel's network work takes turns with the computation on the same core."""
-    import torch
+    """Per size, what an exchange costs a step on a busy worker, where the kernel's network work takes turns
+    with the computation on the same core: one message's seconds (half a ping-pong) and an all-reduce's,
+    each right after a compute burst, less the burst's own time. And the hosts' pace: the burst's time
+    on each host over rank 0's, both timed at once."""
     import torch.distributed as dist
 
     burst = work_burst()
-    alone = repeat(burst, seconds)  # (and the first agreement on a count: a barrier of sorts)
-    pace = float(np.median([alone] + [repeat(burst, seconds) for _ in range(2)]))  # a slow moment spoils one
-    bursts = [torch.zeros(1, dtype=torch.float64) for _ in range(2)]
-    dist.all_gather(bursts, torch.tensor([pace], dtype=torch.float64))
-    results = {"message": {}, "all_reduce": {}, "loaded_message": {}, "loaded_all_reduce": {},
-               "bursts": [float(seconds) for seconds, in bursts]}
+    alone, pace = side_by_side(burst, seconds)
+    results = {"loaded_message": {}, "loaded_all_reduce": {}, "pace": pace}
     for size in sizes:
         measure_size(rank, size, burst, alone, seconds, results)
         dist.barrier()
     return results
 
 
+def side_by_side(burst, seconds: float) -> tuple[float, float]:
+    """(this rank's burst seconds, the slowest rank's over rank 0's). Each round times the burst on both
+    hosts at once and compares the pair, so a VM's cores drifting from one minute to the next (10-20%
+    here) cancel within a round; the median of the rounds' ratios keeps one slow moment out."""
+    import torch
+    import torch.distributed as dist
+
+    mine, ratios = [], []
+    for _ in range(PACE_ROUNDS):
+        mine.append(repeat(burst, seconds / 2))
+        both = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+        dist.all_gather(both, torch.tensor([mine[-1]], dtype=torch.float64))
+        ratios.append(max(float(each) for each in both) / float(both[0]))
+    return float(np.median(mine)), float(np.median(ratios))
+
+
 def measure_size(rank: int, size: int, burst, alone: float, seconds: float, results: dict) -> None:
-    """One size's four figures into `results`: messages and all-reduces, alone and after a burst."""
+    """One size's two figures into `results`: a message and an all-reduce, each after a burst."""
     import torch
     import torch.distributed as dist
 
@@ -105,11 +121,9 @@ def measure_size(rank: int, size: int, burst, alone: float, seconds: float, resu
             dist.recv(buffer, 0)
             dist.send(buffer, 0)
 
-    results["message"][size] = repeat(ping_pong, seconds) / 2
     # a trainer computes, then sends and waits; its server only waits: rank 0 alone bursts
     loaded = repeat(lambda: (burst() if rank == 0 else None, ping_pong()), seconds)
     results["loaded_message"][size] = (loaded - alone) / 2
-    results["all_reduce"][size] = repeat(lambda: dist.all_reduce(buffer), seconds)
     results["loaded_all_reduce"][size] = repeat(lambda: (burst(), dist.all_reduce(buffer)), seconds) - alone
 
 

@@ -72,8 +72,9 @@ class Network:
     message_across: Link | None = None
     """A point-to-point message across machines (a parameter server's), when measured apart from the ring."""
     slowest_host: float = 1.0
-    """The same compute burst's time on the slowest probed host over this machine's: a cluster's epoch
-    goes at its slowest worker's pace, and compute was measured here."""
+    """The same compute burst's time on the slowest probed host over the first host's, timed side by side:
+    a cluster's epoch goes at its slowest worker's pace, and compute is measured where `shoal plan` runs,
+    which is meant to be the first host (or one like it)."""
 
     def message(self) -> Link:
         return self.message_across or self.across
