@@ -20,7 +20,7 @@ from shoal.errors import ConfigError
 from shoal.events import EpochEnd, JobStart, Validation, read_history
 from shoal.train.loggers import Loggers, check_installed, open_loggers
 from shoal.train.loggers.to_csv import CSV_FILE, CsvLogger
-from shoal.train.loggers.to_mlflow import RUN_FILE
+from shoal.train.loggers.to_mlflow import PATIENCE, RUN_FILE
 from shoal.train.runner import Runner
 from tests.unit.train.test_runner import job
 
@@ -145,6 +145,8 @@ def test_a_failing_logger_warns_once_and_the_others_go_on():
 
 
 def test_an_mlflow_server_that_is_down_turns_the_logger_off(tmp_path, monkeypatch):
+    for name, value in PATIENCE.items():  # set here, so the test leaves the process's environment as it was
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     config = job(tmp_path)
     config.output.loggers, config.output.mlflow_uri = ["mlflow", "csv"], "http://127.0.0.1:9"
