@@ -20,6 +20,7 @@ from shoal.train.artifacts import load_model
 from shoal.train.checkpoint import check_resumable
 from shoal.train.directory import JOB_FILE, check_new_run_dir, new_run_dir, write_job_file
 from shoal.train.lock import hold_run_dir
+from shoal.train.loggers import check_installed
 from shoal.train.prepare import check_world_size, prepare
 
 
@@ -60,6 +61,7 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
     them) would fail again the same way and are not retried.
     """
     nodes = nodes or Nodes()
+    check_installed(job.output.loggers)
     with contextlib.ExitStack() as held:
         if resume:  # a run still going is turned away before its data is read
             held.enter_context(_hold(run_dir, nodes))

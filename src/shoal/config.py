@@ -26,6 +26,7 @@ from shoal.errors import ConfigError
 PROGRESS_MODES = ("auto", "bar", "lines", "none")
 DEVICES = ("auto", "cpu", "cuda")
 LOSSES = ("cross_entropy", "binary_cross_entropy", "mse")
+LOGGERS = ("csv", "mlflow", "tensorboard")
 DEFAULT_PORT = 29400
 """Where the machines meet on the first one, unless told (torchrun's default too)."""
 SEED_LIMIT = 2**63
@@ -178,10 +179,24 @@ class OutputConfig:
     """Run directory; default runs/<job name>-<date>-<time>."""
     progress: str = "auto"
     """auto (a bar on a terminal, lines otherwise), bar, lines or none."""
+    loggers: list[str] = field(default_factory=list)
+    """Where rank 0 also writes the run's records: "tensorboard", "mlflow" and/or "csv"."""
+    mlflow_uri: str | None = None
+    """The MLflow tracking URI; default file:RUN_DIR/mlruns."""
+    mlflow_experiment: str | None = None
+    """The MLflow experiment; default the job's name."""
 
     def __post_init__(self) -> None:
         if self.progress not in PROGRESS_MODES:
             raise ConfigError(f"output.progress: must be one of {', '.join(PROGRESS_MODES)}, got {self.progress!r}")
+        if not isinstance(self.loggers, list) or not all(isinstance(name, str) for name in self.loggers):
+            raise ConfigError(f"output.loggers: must be a list of names from {', '.join(LOGGERS)}, "
+                              f"got {self.loggers!r}")
+        for name in self.loggers:
+            if name not in LOGGERS:
+                raise ConfigError(f"output.loggers: unknown logger {name!r}; choose from {', '.join(LOGGERS)}")
+            if self.loggers.count(name) > 1:
+                raise ConfigError(f"output.loggers: {name!r} is named twice")
 
 
 @dataclass

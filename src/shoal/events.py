@@ -20,7 +20,7 @@ import threading
 import time
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -250,10 +250,13 @@ class EventLog:
     in progress for a torn one.
     """
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, listeners: Sequence[Callable[[Event], None]] = ()):
+        """`listeners`: called with each record once it is on disk (rank 0's loggers), so what they
+        show is what the file holds."""
         self.path = Path(run_dir) / EVENTS_FILE
         self._handle = open(self.path, "ab+", buffering=0)
         self._lock = threading.Lock()  # the background validation writes too
+        self.listeners = list(listeners)
 
     def write(self, event: Event) -> Event:
         """Stamp the event with the time, append it, and make it durable; the stamped event."""
@@ -269,6 +272,8 @@ class EventLog:
             finally:
                 if turn:
                     fcntl.flock(descriptor, fcntl.LOCK_UN)
+        for listener in self.listeners:
+            listener(event)
         return event
 
     def close(self) -> None:

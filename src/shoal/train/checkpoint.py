@@ -267,6 +267,9 @@ UNCHECKED = {
     "cluster.memory_per_worker": "how many workers fit a machine; their count is cluster.workers",
     "output.run_dir": "the run directory resumed is the one holding the checkpoints",
     "output.progress": "what is shown",
+    "output.loggers": "where the records are also written",
+    "output.mlflow_uri": "as output.loggers",
+    "output.mlflow_experiment": "as output.loggers",
     "checkpoint.every": "when checkpoints are written: writing one draws no random numbers",
     "checkpoint.keep": "how many checkpoints stay on disk",
 }

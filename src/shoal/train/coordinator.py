@@ -35,8 +35,9 @@ from shoal.events import (
     read_history,
 )
 from shoal.train.artifacts import save_model
+from shoal.train.loggers import Loggers, open_loggers
 from shoal.train.loop import EpochStats
-from shoal.train.objective import evaluate
+from shoal.train.objective import evaluate, metric_names
 from shoal.train.prepare import Prepared
 from shoal.train.progress import ProgressDisplay
 from shoal.train.validation import Validator
@@ -56,6 +57,7 @@ class Coordinator:
                  device: torch.device):
         self.job, self.run_dir, self.prepared, self.model, self.device = job, run_dir, prepared, model, device
         self.events: EventLog | None = None  # opened by announce: an events file means the job has started
+        self.loggers: Loggers | None = None  # TensorBoard, MLflow, CSV: fed by the event log
         self.progress: ProgressDisplay | None = None
         self.validator: Validator | None = None
         self.test_rows = self.convert = None
@@ -76,7 +78,9 @@ class Coordinator:
         """The job's start (or resumption) and its data load; the progress display and validation begin."""
         start = dataclasses.replace(details, from_epoch=first_epoch, versions=versions())
         started_before = (self.run_dir / EVENTS_FILE).is_file() and read_history(self.run_dir).started()
-        self.events = EventLog(self.run_dir)
+        test_metrics = metric_names(self.prepared.objective) if self.test_rows is not None else ()
+        self.loggers = open_loggers(self.job, self.run_dir, test_metrics)
+        self.events = EventLog(self.run_dir, listeners=[self.loggers])
         self.events.write(start.resumed() if started_before else start)
         self.events.write(DataLoaded(seconds=max(load_seconds), per_rank=load_seconds, shares=holdings))
         self.progress = ProgressDisplay(self.job.output.progress, self.job.train.epochs, details.steps_per_epoch,
@@ -152,6 +156,8 @@ class Coordinator:
             self.validator.close()
         if self.events is not None:
             self.events.close()
+        if self.loggers is not None:
+            self.loggers.close()
 
 
 def epoch_record(epoch: int, step: int, per_rank: list[EpochStats], ranks: list[int], hosts: list[str], test: dict,

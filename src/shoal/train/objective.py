@@ -77,6 +77,13 @@ def metrics(objective: Objective, loss_sum: float, rows: int, labels: np.ndarray
     return result
 
 
+def metric_names(objective: Objective) -> tuple[str, ...]:
+    """The keys `metrics` can give for this objective (auc only when the labels hold both classes)."""
+    if objective.num_classes is None:
+        return ("loss", "rmse")
+    return ("loss", "accuracy", "auc") if objective.num_classes == 2 else ("loss", "accuracy")
+
+
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """Area under the ROC curve of class 1 against class 0: the chance that a random positive row
     scores above a random negative one, ties counting half (the Mann-Whitney U over both counts).

@@ -1,0 +1,84 @@
+"""The run's records as named scalars: the one translation every logger writes.
+
+TensorBoard and MLflow take what this module gives (the CSV file takes the same epoch values),
+so no logger can show a number that events.jsonl does not hold. Epoch values are at the epoch
+(numbered from 1), a validation at its count of steps or server updates, a progress loss at
+the global step: numbers that go on growing when a job resumes, so curves continue.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from shoal.events import EpochEnd, Event, JobEnd, JobStart, Progress, Validation
+
+
+@dataclass
+class Scalars:
+    step: int
+    values: dict[str, float]
+    time: float | None = None
+    """When the record was written (unix seconds)."""
+
+
+def scalars(event: Event) -> Scalars | None:
+    """The scalars a record stands for; None for a record with none."""
+    if isinstance(event, EpochEnd):
+        return Scalars(event.epoch, epoch_values(event), event.time)
+    if isinstance(event, Validation):
+        return Scalars(event.count, prefixed(Validation.kind, event.test), event.time)  # validation/accuracy
+    if isinstance(event, Progress) and event.loss is not None:
+        return Scalars(event.step, {"progress/loss": event.loss}, event.time)
+    if isinstance(event, JobEnd) and event.test:
+        return Scalars(event.epochs or 0, prefixed("final", event.test), event.time)
+    return None
+
+
+def epoch_values(event: EpochEnd) -> dict[str, float]:
+    """An epoch's train loss, test metrics, throughput, time split and the algorithm's numbers."""
+    values = {"train/loss": event.train_loss, **prefixed("test", event.test),
+              "throughput/samples_per_second": event.samples_per_second, "time/epoch": event.seconds}
+    values.update(prefixed("time", event.seconds_split.parts()))
+    values.update(prefixed("algorithm", flat(event.algorithm or {})))
+    return values
+
+
+def prefixed(prefix: str, values: dict) -> dict[str, float]:
+    return {f"{prefix}/{name}": float(value) for name, value in values.items()}
+
+
+def flat(table: dict, prefix: str = "") -> dict[str, float]:
+    """The numbers of a nested table, keyed by their path (`staleness/mean`); other values are left out."""
+    found = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            found.update(flat(value, f"{prefix}{key}/"))
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            found[f"{prefix}{key}"] = float(value)
+    return found
+
+
+def parameters(event: JobStart) -> dict[str, str | int | float | bool]:
+    """The job's settings as hyperparameters: the resolved job file flattened (`train.optimizer.lr`),
+    and where it ran (`run.world_size`); lists as their text."""
+    found = {}
+
+    def visit(table: dict, prefix: str) -> None:
+        for key, value in table.items():
+            if isinstance(value, dict):
+                visit(value, f"{prefix}{key}.")
+            elif value is not None:
+                found[f"{prefix}{key}"] = plain(value)
+
+    visit(event.config, "")
+    visit({"world_size": event.world_size, "trainers": event.trainers, "device": event.device,
+           "parameters": event.parameters, "train_rows": event.train_rows, "test_rows": event.test_rows,
+           "steps_per_epoch": event.steps_per_epoch}, "run.")
+    return found
+
+
+def plain(value) -> str | int | float | bool:
+    if isinstance(value, bool | int | str) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    return str(value)

@@ -1,0 +1,67 @@
+"""RUN_DIR/metrics.csv: one row per epoch_end record, for a spreadsheet or pandas.
+
+The columns are fixed when the file is made (the epoch, its totals, every test metric the
+objective can give, the time split), so a row never needs a column the header lacks; columns are
+named as epoch_end's fields, nested ones dotted (`test.accuracy`, `seconds_split.compute`). Each
+row is flushed to disk as it is written, so a crashed job keeps its epochs. A resumed job
+appends under the header already there (a row cut short by a crash is dropped first); an epoch
+redone after a restart gets a second row, as it has a second record.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from shoal.events import SPLIT_PARTS, EpochEnd, Event
+
+CSV_FILE = "metrics.csv"
+TOTALS = ("epoch", "step", "time", "train_loss", "samples", "seconds", "samples_per_second")
+
+
+def columns(test_metrics: Sequence[str]) -> list[str]:
+    return [*TOTALS, *(f"test.{name}" for name in test_metrics), *(f"seconds_split.{part}" for part in SPLIT_PARTS)]
+
+
+def row(event: EpochEnd) -> dict:
+    values = {name: getattr(event, name) for name in TOTALS}
+    values.update({f"test.{name}": value for name, value in event.test.items()})
+    values.update({f"seconds_split.{part}": seconds for part, seconds in event.seconds_split.parts().items()})
+    return values
+
+
+class CsvLogger:
+    def __init__(self, run_dir: Path, test_metrics: Sequence[str]):
+        self.path = Path(run_dir) / CSV_FILE
+        header = existing_header(self.path)
+        self.handle = open(self.path, "a", newline="", encoding="utf-8")
+        self.writer = csv.DictWriter(self.handle, header or columns(test_metrics), extrasaction="ignore")
+        if header is None:
+            self.writer.writeheader()
+            self.flush()
+
+    def write(self, event: Event) -> None:
+        if isinstance(event, EpochEnd):
+            self.writer.writerow(row(event))
+            self.flush()
+
+    def flush(self) -> None:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def existing_header(path: Path) -> list[str] | None:
+    """The columns of a file an earlier attempt wrote, its torn last row cut off; None for no file."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    with open(path, "rb+") as handle:
+        content = handle.read()
+        if not content.endswith(b"\n"):
+            handle.truncate(content.rfind(b"\n") + 1)
+    lines = content.decode("utf-8").splitlines()
+    return next(csv.reader(lines[:1]), None) if content.count(b"\n") else None
