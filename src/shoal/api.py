@@ -12,9 +12,21 @@ from shoal.cluster.env import threads_per_worker
 from shoal.cluster.rendezvous import Nodes
 from shoal.config import JobConfig, apply_overrides, parse_override
 from shoal.errors import ConfigError
-from shoal.events import EpochEnd, read_history
+from shoal.events import EVENTS_FILE, EpochEnd, read_history
+from shoal.fit_inputs import (
+    CALLBACKS_FILE,
+    MODEL_FILE,
+    PENDING,
+    apply_arguments,
+    base_table,
+    datasets_on_disk,
+    model_table,
+    ship_callbacks,
+    ship_model,
+)
 from shoal.jobs import from_dict, load_job
 from shoal.model import Trust, check_trusted
+from shoal.notebook import EpochRelay, in_notebook
 from shoal.supervisor import Plan, supervise
 from shoal.train.artifacts import load_model
 from shoal.train.checkpoint import check_resumable
@@ -53,7 +65,7 @@ def resolve_job(job: str | Path | JobConfig | dict, overrides=(), workers: int |
 
 
 def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: bool = False,
-          max_restarts: int = 0) -> None:
+          max_restarts: int = 0, callbacks: Path | None = None) -> None:
     """Check the job, write its resolved file into this machine's run directory and run its workers.
 
     A failed attempt is recorded in the events; with restarts left, every machine's workers start
@@ -78,7 +90,7 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
         job_file = write_job_file(run_dir, job)
         threads = threads_per_worker(job.cluster.threads, job.cluster.workers)
         supervise(Plan(job_file, run_dir, workers=job.cluster.workers, threads=threads, timeout=job.cluster.timeout,
-                       max_restarts=max_restarts, resume=resume), nodes)
+                       max_restarts=max_restarts, resume=resume, callbacks=callbacks), nodes)
 
 
 def _holds(nodes: Nodes) -> bool:
@@ -91,16 +103,60 @@ def _hold(run_dir: Path, nodes: Nodes) -> contextlib.AbstractContextManager:
     return hold_run_dir(run_dir) if _holds(nodes) else contextlib.nullcontext()
 
 
-def fit(job: str | Path | JobConfig | dict, *, workers: int | None = None, run_dir: str | Path | None = None,
-        overrides=(), max_restarts: int = 0) -> FitResult:
-    """Train a job (a job file, a dict shaped like one, or a JobConfig) and return its results.
+def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=None, test=None,
+        label: str | None = None, workers: int | None = None, algorithm: str | dict | None = None,
+        epochs: int | None = None, batch_size: int | None = None, optimizer: str | dict | None = None,
+        loss: str | None = None, callbacks: list | None = None, run_dir: str | Path | None = None,
+        overrides=(), max_restarts: int = 0, **sections) -> FitResult:
+    """Train and return the results: a job (a job file, a dict shaped like one, a JobConfig), or the job
+    told in arguments, or both (the arguments win).
 
-    With `max_restarts`, failed workers are restarted from the newest checkpoint that many times.
+        result = shoal.fit(model=net, train=(x, y), test=(x_test, y_test), workers=2, epochs=5)
+
+    `model`: an nn.Module or a zero-argument callable returning one (sent to the workers by value, so a
+    class defined in a notebook works), 'package.module:function', or a layer list. `train`/`test`: a
+    dataset folder, (features, labels) arrays or tensors, a pandas DataFrame with its `label` column,
+    or a map-style torch Dataset of (features, label) items; data in memory is written to a temporary
+    dataset for the job and removed after. `algorithm` and `optimizer`: a name or a table; `sections`:
+    any other part of the job as a dict (`cluster={"threads": 1}`, `checkpoint={"every": 0}`).
+    `callbacks`: objects whose `on_epoch_end(epoch, metrics)` the coordinator calls after each epoch; a
+    True return stops the job there, every worker together. With `max_restarts`, failed workers are
+    restarted from the newest checkpoint that many times.
     """
-    config = resolve_job(job, overrides, workers)
-    directory = new_run_dir(config, run_dir)
-    start(config, directory, max_restarts=max_restarts)
-    return result(directory, trust_code=config.model.factory or False)  # the caller's own factory
+    arguments = {"epochs": epochs, "batch_size": batch_size, "optimizer": optimizer, "loss": loss,
+                 "algorithm": algorithm}
+    table = apply_arguments(base_table(job), arguments, sections)
+    shipped = model_table(model)
+    if shipped is not None:
+        table["model"] = shipped
+    with datasets_on_disk(table, train, test, label) as table:
+        config = resolve_job(table, overrides, workers)
+        relay = in_notebook() and config.output.progress == "auto"
+        if relay:  # the workers' lines would go to the notebook server's log: this process shows the epochs
+            config.output.progress = "none"
+        directory = new_run_dir(config, run_dir)
+        with _removed_unless_started(directory), EpochRelay(directory) if relay else contextlib.nullcontext():
+            if config.model.object == PENDING:
+                config.model.object = ship_model(model, directory)
+            start(config, directory, max_restarts=max_restarts, callbacks=ship_callbacks(callbacks, directory))
+    # the caller's own factory or model
+    return result(directory, trust_code=config.model.factory or config.model.object or False)
+
+
+@contextlib.contextmanager
+def _removed_unless_started(directory: Path):
+    """The files fit() writes into a new run directory before the job starts go again if it never does:
+    a job refused by its checks leaves no folder behind."""
+    existed = directory.exists()
+    try:
+        yield
+    except BaseException:
+        if not (directory / EVENTS_FILE).exists():
+            for name in (MODEL_FILE, CALLBACKS_FILE):
+                (directory / name).unlink(missing_ok=True)
+            if not existed and directory.is_dir() and not any(directory.iterdir()):
+                directory.rmdir()
+        raise
 
 
 def named_factory(overrides) -> str | None:
@@ -124,7 +180,8 @@ def resumed_job(run_dir: str | Path, overrides=(), trust_code: bool = False) -> 
     if not job_file.exists():
         raise ConfigError(f"{run_dir}: no job.toml: not a shoal run directory")
     job = resolve_job(job_file, overrides)
-    check_trusted({"factory": job.model.factory}, str(job_file), trust_code or named_factory(overrides) or False)
+    check_trusted({"factory": job.model.factory, "object": job.model.object}, str(job_file),
+                  trust_code or named_factory(overrides) or False)
     return job
 
 
@@ -137,7 +194,7 @@ def resume(run_dir: str | Path, *, overrides=(), max_restarts: int = 0, trust_co
     run_dir = Path(run_dir)
     job = resumed_job(run_dir, overrides, trust_code)
     start(job, run_dir, resume=True, max_restarts=max_restarts)
-    return result(run_dir, trust_code=job.model.factory or False)
+    return result(run_dir, trust_code=job.model.factory or job.model.object or False)
 
 
 def final_metrics(run_dir: str | Path) -> dict:

@@ -67,8 +67,9 @@ def command_train(args: argparse.Namespace) -> int:
 
 
 def trust_flag(job) -> str:
-    """What a resume of this job needs: a job naming a model.factory is refused without --trust-code."""
-    return " --trust-code" if job.model.factory else ""
+    """What a resume of this job needs: a job whose model is code (a model.factory or model.object) is
+    refused without --trust-code."""
+    return " --trust-code" if job.model.factory or job.model.object else ""
 
 
 def workers_for(option: str | None, job, nodes: int) -> int | None:
@@ -323,7 +324,7 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its newest checkpoint")
     train.add_argument("--trust-code", action="store_true",
                        help="with --resume: build the model even if the run's job.toml names a model.factory "
-                            "(importing it runs code from the run directory)")
+                            "or a model.object (loading it runs code from the run directory)")
     train.add_argument("--max-restarts", type=int, default=0,
                        help="restart failed workers from the newest checkpoint up to this many times")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -412,8 +413,8 @@ def parser() -> argparse.ArgumentParser:
     predict.add_argument("--out", required=True, help="output file (.parquet or .csv), outside the run directory")
     predict.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     predict.add_argument("--trust-code", action="store_true",
-                         help="build the model even if it is made by a model.factory (importing it runs code "
-                              "named in the run directory)")
+                         help="build the model even if it is made by a model.factory or sent as a model.object "
+                              "(loading it runs code named in the run directory)")
     predict.set_defaults(handler=command_predict)
 
     status = commands.add_parser("status", help="where a job stands: epoch, loss, speed, ETA, workers")

@@ -50,10 +50,13 @@ class ModelConfig:
     """Instead of layers: "package.module:function" returning a torch.nn.Module."""
     arguments: dict = field(default_factory=dict)
     """Keyword arguments passed to the factory."""
+    object: str | None = None
+    """Instead of layers or a factory: a file holding a model shipped by value (`shoal.fit(model=...)` writes
+    it from an nn.Module or a zero-argument callable); loading it runs code, as a factory does."""
 
     def __post_init__(self) -> None:
-        if (self.layers is None) == (self.factory is None):
-            raise ConfigError("model: give exactly one of 'model.layers' and 'model.factory'")
+        if sum(value is not None for value in (self.layers, self.factory, self.object)) != 1:
+            raise ConfigError("model: give exactly one of 'model.layers', 'model.factory' and 'model.object'")
         if self.input is not None and (not self.input or any(not isinstance(s, int) or s < 1 for s in self.input)):
             raise ConfigError(f"model.input: must be a list of positive integers, got {self.input}")
         if self.factory is not None and ":" not in self.factory:

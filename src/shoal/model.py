@@ -1,9 +1,10 @@
 """Models from a layer list (TOML/JSON data) or from an explicit `package.module:function`.
 
-A spec is plain data: `{"input": [123], "layers": [{"dense": 100, "activation": "relu"}, ...]}`
-or `{"input": [...], "factory": "pkg.mod:fn", "arguments": {...}}`. The same spec is saved
-with the trained weights so `load_model` can rebuild the module. Code is imported only through
-an explicit factory; a layer list never executes anything. A spec read back from a run directory
+A spec is plain data: `{"input": [123], "layers": [{"dense": 100, "activation": "relu"}, ...]}`,
+`{"input": [...], "factory": "pkg.mod:fn", "arguments": {...}}`, or `{"input": [...], "object": FILE}`
+for a model shipped by value (`shoal.fit(model=module)`). The same spec is saved
+with the trained weights so `load_model` can rebuild the module. Code is run only through an
+explicit factory or a shipped model; a layer list never executes anything. A spec read back from a run directory
 is data that anyone may have written: `check_trusted` refuses its factory unless the user vouches
 for it.
 """
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from shoal.errors import ConfigError, first_line
+from shoal.objects import load_object
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
@@ -248,27 +250,52 @@ def build_model(spec: dict) -> nn.Module:
     """A fresh module from a spec (see the module docstring); `check_trusted` first for one read from a run."""
     if spec.get("factory"):
         return from_factory(spec["factory"], spec.get("arguments", {}))
+    if spec.get("object"):
+        return from_object(spec["object"])
     return from_layers(spec["input"], spec["layers"])
 
 
+def from_object(path: str) -> nn.Module:
+    """The model shipped by value in `path`: a copy of the module, or what the callable there returns."""
+    shipped = load_object(path, "model.object")
+    if not isinstance(shipped, nn.Module) and callable(shipped):
+        try:
+            shipped = shipped()
+        except Exception as error:
+            raise ConfigError(f"model.object: the model's callable failed: {type(error).__name__}: "
+                              f"{first_line(error)}") from None
+    if not isinstance(shipped, nn.Module):
+        raise ConfigError(f"model.object: {path} holds {type(shipped).__name__}, not a torch.nn.Module")
+    return shipped
+
+
 Trust = bool | str
-"""True: any factory may be imported; a factory's name: that one only (the user named it again)."""
+"""True: any code may be run; a factory's name or a model file's path: that one only (the user named it again)."""
 
 
-def untrusted(where: str, factory: str) -> str:
-    return (f"{where}: the model is built by code (model.factory {factory!r}); loading it would run that code: "
+def code_of(spec: dict) -> tuple[str, str] | None:
+    """(its key, its name) when building the model runs code: a factory, or a model shipped by value."""
+    for key in ("factory", "object"):
+        if spec.get(key):
+            return f"model.{key}", spec[key]
+    return None
+
+
+def untrusted(where: str, key: str, name: str) -> str:
+    return (f"{where}: the model is built by code ({key} {name!r}); loading it would run that code: "
             "pass --trust-code (trust_code=True) if you trust this run directory")
 
 
 def check_trusted(spec: dict, where: str, trust: Trust = False) -> None:
-    """Refuse a spec read from a run directory whose factory the user has not vouched for.
+    """Refuse a spec read from a run directory whose code the user has not vouched for.
 
     The spec is data anyone could have written; its factory names any importable function
-    (`os:system` among them), so it is imported only on the user's word.
+    (`os:system` among them) and a model file shipped by value is a pickle, so either is loaded only
+    on the user's word.
     """
-    factory = spec.get("factory")
-    if factory and trust is not True and not (isinstance(trust, str) and trust == factory):
-        raise ConfigError(untrusted(where, factory))
+    code = code_of(spec)
+    if code and trust is not True and not (isinstance(trust, str) and trust == code[1]):
+        raise ConfigError(untrusted(where, *code))
 
 
 def output_shape(model: nn.Module, input_shape: list[int]) -> tuple[int, ...]:

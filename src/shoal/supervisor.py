@@ -37,6 +37,8 @@ class Plan:
     timeout: float
     max_restarts: int = 0
     resume: bool = False
+    callbacks: Path | None = None
+    """The caller's callbacks, written by value (`shoal.fit(callbacks=...)`), for the coordinator."""
 
 
 def supervise(plan: Plan, nodes: Nodes) -> None:
@@ -113,7 +115,7 @@ class Supervisor:
         try:
             with watch:
                 launch(plan.job_file, plan.run_dir, workers=plan.workers, threads=plan.threads,
-                       rendezvous=rendezvous, resume=resume)
+                       rendezvous=rendezvous, resume=resume, callbacks=plan.callbacks)
         except WorkerError as error:
             if watch.lost is not None:
                 raise lost_store(watch.lost, meeting) from None

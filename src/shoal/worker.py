@@ -24,6 +24,7 @@ from shoal.cluster.requeue import EXIT_REQUEUED, EpochEndStop, StopRequested, re
 from shoal.errors import ShoalError, first_line
 from shoal.events import JobEnd, append_event
 from shoal.jobs import load_job
+from shoal.objects import load_object
 from shoal.process import end_process
 from shoal.train.directory import new_run_dir, write_job_file
 from shoal.train.exits import outside_recorder
@@ -38,6 +39,7 @@ def run(argv: list[str] | None = None) -> dict:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--threads", type=int, help="compute threads (default: cores / local workers)")
     parser.add_argument("--resume", action="store_true", help="continue from the run directory's newest checkpoint")
+    parser.add_argument("--callbacks", help="a file of callbacks written by shoal.fit (loading it runs its code)")
     args = parser.parse_args(argv)
     end_with_parent()  # a worker whose launcher died (SIGKILL included) must not train on alone
     info = get_dist_info()
@@ -61,7 +63,8 @@ def run(argv: list[str] | None = None) -> dict:
             recorder.started(run_dir)
         # restarted by torchrun's own agent, or requeued by SLURM: continue from the newest checkpoint
         resume = args.resume or info.restarts > 0 or info.requeued > 0
-        return run_worker(job, info, run_dir, threads, resume=resume, stop=stop)
+        callbacks = load_object(args.callbacks, "--callbacks") if args.callbacks and info.rank == 0 else []
+        return run_worker(job, info, run_dir, threads, resume=resume, stop=stop, callbacks=callbacks)
     except StopRequested as stopped:
         stop_for_requeue(info, run_dir, recorder, stopped)
         raise

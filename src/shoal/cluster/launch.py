@@ -35,7 +35,7 @@ WORKER_MODULE = "shoal.worker"
 
 
 def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezvous: RendezvousHandler,
-           resume: bool = False) -> None:
+           resume: bool = False, callbacks: Path | None = None) -> None:
     """Run `workers` local worker processes of the job to completion; raise WorkerError on failure."""
     variables = {
         "OMP_NUM_THREADS": str(threads),
@@ -47,6 +47,8 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezv
     arguments = ["-u", "-m", WORKER_MODULE, str(job_file), "--run-dir", str(run_dir), "--threads", str(threads)]
     if resume:
         arguments.append("--resume")
+    if callbacks is not None:
+        arguments += ["--callbacks", str(callbacks)]
     # torch's default log folder is a /tmp/torchelastic_* left behind by every job
     logs = tempfile.mkdtemp(prefix="shoal-launch-")
     try:

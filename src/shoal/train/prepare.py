@@ -24,7 +24,7 @@ from shoal.data.compatible import TRAINING, check_compatible, schema
 from shoal.data.format import Dataset, open_dataset
 from shoal.data.loader import plan_memory
 from shoal.errors import ConfigError, first_line
-from shoal.model import build_model, current_folder_importable, output_shape
+from shoal.model import build_model, code_of, current_folder_importable, output_shape
 from shoal.train.objective import Objective
 
 UNUSABLE_OPTIMIZERS = {
@@ -113,17 +113,22 @@ def model_spec(job: JobConfig, train_set: Dataset) -> dict:
         )
     if job.model.factory:
         return {"input": input_shape, "factory": job.model.factory, "arguments": job.model.arguments}
+    if job.model.object:
+        return {"input": input_shape, "object": job.model.object}
     return {"input": input_shape, "layers": job.model.layers}
 
 
 def model_key(spec: dict) -> str:
     """The job key that describes the model."""
-    return "model.factory" if spec.get("factory") else "model.layers"
+    code = code_of(spec)
+    return code[0] if code else "model.layers"
 
 
 def estimate_model(spec: dict) -> torch.nn.Module | None:
     """The model built on torch's meta device: every shape, no memory. None for a factory that only
-    works on real tensors (its real build then says what is wrong, if anything)."""
+    works on real tensors (its real build then says what is wrong, if anything), or a model shipped whole."""
+    if spec.get("object"):
+        return None  # its weights exist already: the real build is the check
     if spec.get("factory"):
         try:
             _import_factory_module(spec["factory"])
@@ -214,7 +219,7 @@ def prepare(job: JobConfig) -> Prepared:
     if shape != (expected,):
         what = f"{train_set.num_classes} classes" if train_set.num_classes else "a numeric label"
         raise ConfigError(
-            f"model.layers: the model gives outputs of shape {list(shape)}, but data.train has {what}: "
+            f"{model_key(spec)}: the model gives outputs of shape {list(shape)}, but data.train has {what}: "
             f"loss {job.train.loss} needs {expected} output(s) per row"
         )
     check_optimizer(job.train.optimizer, model.parameters())

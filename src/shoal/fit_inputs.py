@@ -1,0 +1,127 @@
+"""What `shoal.fit`'s keyword arguments become: a job table, the user's model file, datasets on disk.
+
+A job is data (a TOML table) that every worker reads, so the objects a Python user hands over are
+turned into data first: a module or a callable is written by value into the run directory (the
+job names that file as `model.object`), and data held in memory is written to a dataset folder in
+a temporary place that lives as long as the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from shoal.config import JobConfig, section_fields
+from shoal.data.in_memory import write_in_memory
+from shoal.errors import ConfigError
+from shoal.jobs import load_job
+from shoal.objects import save_object
+
+MODEL_FILE = "model.object.pkl"
+"""The user's model, shipped by value, in the run directory."""
+CALLBACKS_FILE = "callbacks.pkl"
+"""The user's callbacks, shipped by value to the coordinator, in the run directory."""
+PENDING = "(written into the run directory)"  # model.object until the run directory is known
+
+
+def base_table(job: str | Path | JobConfig | dict | None) -> dict:
+    """The job the arguments start from: none, a file (complete, as `shoal train` reads it), a dict or a config."""
+    if job is None:
+        return {}
+    if isinstance(job, (str, Path)):
+        job = load_job(job)
+    if isinstance(job, JobConfig):
+        return job.to_dict() | {"name": job.name}
+    if isinstance(job, dict):
+        return dict(job)
+    raise ConfigError(f"job: expected a job file, a dict or a JobConfig, got {type(job).__name__}")
+
+
+def set_key(table: dict, section: str, key: str, value: Any) -> None:
+    if value is not None:
+        table.setdefault(section, {})[key] = value
+
+
+def apply_arguments(table: dict, arguments: dict, sections: dict) -> dict:
+    """`table` with the named arguments and whole sections (`cluster={...}`) set; objects left as they are."""
+    table = {name: dict(value) if isinstance(value, dict) else value for name, value in table.items()}
+    known = set(section_fields()) | {"algorithm"}
+    for name, section in sections.items():
+        if name not in known:
+            raise ConfigError(f"fit: unknown argument {name!r} (the job's sections are {', '.join(sorted(known))})")
+        if not isinstance(section, dict):
+            raise ConfigError(f"{name}: expected a dict of the section's keys, got {type(section).__name__}")
+        table.setdefault(name, {}).update(section)
+    for key in ("epochs", "batch_size", "loss"):
+        set_key(table, "train", key, arguments[key])
+    optimizer = arguments["optimizer"]
+    set_key(table, "train", "optimizer", {"name": optimizer} if isinstance(optimizer, str) else optimizer)
+    algorithm = arguments["algorithm"]
+    if algorithm is not None:
+        table["algorithm"] = {"name": algorithm} if isinstance(algorithm, str) else dict(algorithm)
+    return table
+
+
+def model_table(model: Any) -> dict | None:
+    """The job's `model` section for the `model` argument; a module or callable waits for its file."""
+    if model is None:
+        return None
+    if isinstance(model, str):
+        return {"factory": model}
+    if isinstance(model, list):
+        return {"layers": model}
+    if isinstance(model, dict):
+        return dict(model)
+    if callable(model):  # an nn.Module is callable too
+        return {"object": PENDING}
+    raise ConfigError(f"model: expected an nn.Module, a zero-argument callable, 'module:function', a layer list "
+                      f"or a model table, got {type(model).__name__}")
+
+
+def ship_model(model: Any, run_dir: Path) -> str:
+    """Write the module or callable into the run directory; the path the job names."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return str(save_object(model, run_dir / MODEL_FILE, "model").resolve())
+
+
+def ship_callbacks(callbacks: list, run_dir: Path) -> Path | None:
+    if not callbacks:
+        return None
+    for callback in callbacks:
+        if not callable(getattr(callback, "on_epoch_end", None)):
+            raise ConfigError(f"callbacks: {type(callback).__name__} has no on_epoch_end(epoch, metrics) method")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return save_object(list(callbacks), run_dir / CALLBACKS_FILE, "callbacks")
+
+
+def is_path(data: Any) -> bool:
+    return isinstance(data, (str, os.PathLike))
+
+
+@contextlib.contextmanager
+def datasets_on_disk(table: dict, train: Any, test: Any, label: str | None) -> Iterator[dict]:
+    """`table` with data.train and data.test naming folders; data in memory is written to a temporary
+    folder for the block's length, and removed after."""
+    folder = None
+    try:
+        data = table.setdefault("data", {})
+        for key, value in (("train", train), ("test", test)):
+            if value is None:
+                continue
+            if is_path(value):
+                data[key] = os.fspath(value)
+                continue
+            folder = folder or tempfile.mkdtemp(prefix="shoal-data-")
+            encoding = data.get("train") if key == "test" else None
+            data[key] = str(write_in_memory(value, os.path.join(folder, key), key, label=label,
+                                            encoding_from=encoding).path)
+        yield table
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
