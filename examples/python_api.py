@@ -47,8 +47,8 @@ print("DataFrame:", result.metrics)
 # %% a torch Dataset, and a callback that ends the job once the test accuracy is good enough
 class GoodEnough:
     def on_epoch_end(self, epoch, metrics):
-        print(f"  callback: epoch {epoch + 1}, test accuracy {metrics.get('test', {}).get('accuracy')}")
-        return metrics.get("test", {}).get("accuracy", 0) > 0.9
+        print(f"  callback: epoch {epoch + 1}, test accuracy {metrics.get('test_accuracy')}")
+        return metrics.get("test_accuracy", 0) > 0.9
 
 
 dataset = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))

@@ -106,7 +106,8 @@ def _hold(run_dir: Path, nodes: Nodes) -> contextlib.AbstractContextManager:
 def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=None, test=None,
         label: str | None = None, workers: int | None = None, algorithm: str | dict | None = None,
         epochs: int | None = None, batch_size: int | None = None, optimizer: str | dict | None = None,
-        loss: str | None = None, callbacks: list | None = None, run_dir: str | Path | None = None,
+        loss: str | None = None, stop: dict | None = None, callbacks: list | None = None,
+        run_dir: str | Path | None = None,
         overrides=(), max_restarts: int = 0, **sections) -> FitResult:
     """Train and return the results: a job (a job file, a dict shaped like one, a JobConfig), or the job
     told in arguments, or both (the arguments win).
@@ -117,13 +118,15 @@ def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=N
     class defined in a notebook works), 'package.module:function', or a layer list. `train`/`test`: a
     dataset folder, (features, labels) arrays or tensors, a pandas DataFrame with its `label` column,
     or a map-style torch Dataset of (features, label) items; data in memory is written to a temporary
-    dataset for the job and removed after. `algorithm` and `optimizer`: a name or a table; `sections`:
-    any other part of the job as a dict (`cluster={"threads": 1}`, `checkpoint={"every": 0}`).
-    `callbacks`: objects whose `on_epoch_end(epoch, metrics)` the coordinator calls after each epoch; a
-    True return stops the job there, every worker together. With `max_restarts`, failed workers are
+    dataset for the job and removed after. `algorithm` and `optimizer`: a name or a table; `stop`: the
+    `train.stop` table; `sections`: any other part of the job as a dict (`cluster={"threads": 1}`,
+    `checkpoint={"every": 0}`; the `[train]` section's other keys go in `job` or `overrides`, since
+    `train` names the data). `callbacks`: objects whose `on_epoch_end(epoch, metrics)` the coordinator
+    calls after each epoch (metrics: `train_loss`, `test_<name>` when evaluated); a True return stops
+    the job there, every worker together. With `max_restarts`, failed workers are
     restarted from the newest checkpoint that many times.
     """
-    arguments = {"epochs": epochs, "batch_size": batch_size, "optimizer": optimizer, "loss": loss,
+    arguments = {"epochs": epochs, "batch_size": batch_size, "optimizer": optimizer, "loss": loss, "stop": stop,
                  "algorithm": algorithm}
     table = apply_arguments(base_table(job), arguments, sections)
     shipped = model_table(model)

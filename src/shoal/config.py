@@ -116,6 +116,9 @@ class TrainConfig:
     (parameter-server algorithms: updates the server applied; others: steps); 0 = never."""
     validate_seconds: float = 0.0
     """... or every this many seconds; 0 = never."""
+    stop: dict | None = None
+    """End before the last epoch: { metric = "test_loss", below = 0.05 } (cNeural's error threshold), above = ...,
+    and/or patience = N epochs without an improvement of more than min_delta (early stopping)."""
 
     def __post_init__(self) -> None:
         _at_least("train.epochs", self.epochs, 1)

@@ -57,7 +57,9 @@ def apply_arguments(table: dict, arguments: dict, sections: dict) -> dict:
         if not isinstance(section, dict):
             raise ConfigError(f"{name}: expected a dict of the section's keys, got {type(section).__name__}")
         table.setdefault(name, {}).update(section)
-    for key in ("epochs", "batch_size", "loss"):
+    if "train" in sections:
+        raise ConfigError("fit: train names the training data; give the job's [train] keys in job or overrides")
+    for key in ("epochs", "batch_size", "loss", "stop"):
         set_key(table, "train", key, arguments[key])
     optimizer = arguments["optimizer"]
     set_key(table, "train", "optimizer", {"name": optimizer} if isinstance(optimizer, str) else optimizer)

@@ -9,7 +9,10 @@ only when the user vouches for it (see `shoal.model.check_trusted`), as with a f
 from __future__ import annotations
 
 import pickle
+import sys
+import sysconfig
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from shoal.durable import replace_durably
@@ -22,6 +25,9 @@ def save_object(value: Any, path: str | Path, where: str) -> Path:
 
     path = Path(path)
     temporary = path.with_name(f".{path.name}.tmp")
+    modules = users_modules(value)
+    for module in modules:
+        cloudpickle.register_pickle_by_value(module)
     try:
         with open(temporary, "wb") as handle:
             cloudpickle.dump(value, handle)
@@ -29,8 +35,29 @@ def save_object(value: Any, path: str | Path, where: str) -> Path:
         temporary.unlink(missing_ok=True)
         raise ConfigError(f"{where}: cannot be sent to the workers: {type(error).__name__}: "
                           f"{first_line(error)}") from None
+    finally:
+        for module in modules:
+            cloudpickle.unregister_pickle_by_value(module)
     replace_durably(temporary, path)
     return path
+
+
+def users_modules(value: Any) -> list[ModuleType]:
+    """The user's own modules that define `value` (or the items of a list of it): sent with their code, since
+    a worker may not find them (a script's folder, a test package, a notebook's helpers). Installed
+    packages, the standard library and shoal itself are imported by name, as everywhere."""
+    installed = {Path(folder).resolve() for folder in sysconfig.get_paths().values()}
+    found = []
+    for item in value if isinstance(value, list) else [value]:
+        # a function's own module, or an object's class's
+        for module_name in {type(item).__module__, getattr(item, "__module__", None)} - {None, "__main__", "builtins"}:
+            module = sys.modules.get(module_name)
+            file = getattr(module, "__file__", None)
+            if (module is None or file is None or module_name.partition(".")[0] == "shoal"
+                    or any(folder in Path(file).resolve().parents for folder in installed)):
+                continue
+            found.append(module)
+    return list(dict.fromkeys(found))
 
 
 def load_object(path: str | Path, where: str) -> Any:

@@ -63,7 +63,7 @@ def run(argv: list[str] | None = None) -> dict:
             recorder.started(run_dir)
         # restarted by torchrun's own agent, or requeued by SLURM: continue from the newest checkpoint
         resume = args.resume or info.restarts > 0 or info.requeued > 0
-        callbacks = load_object(args.callbacks, "--callbacks") if args.callbacks and info.rank == 0 else []
+        callbacks = load_object(args.callbacks, "--callbacks") if args.callbacks else []  # rank 0 calls them
         return run_worker(job, info, run_dir, threads, resume=resume, stop=stop, callbacks=callbacks)
     except StopRequested as stopped:
         stop_for_requeue(info, run_dir, recorder, stopped)

@@ -17,6 +17,7 @@ from torch import nn
 import shoal
 from shoal.data.importers import import_dataset
 from shoal.errors import ConfigError
+from shoal.events import read_history
 from tests.e2e.jobs import FEATURES
 
 ROWS, TEST_ROWS = 4000, 1000
@@ -131,3 +132,16 @@ def test_refusals_are_one_line_and_leave_no_run_directory(data, tmp_path, monkey
             shoal.fit(**arguments, run_dir=tmp_path / "run", **SETTINGS)
         assert "\n" not in str(raised.value)
         assert not (tmp_path / "run").exists(), message
+
+
+def test_train_stop_ends_every_worker_after_the_same_epoch(data, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (train, test) = data
+    settings = SETTINGS | {"epochs": 6, "checkpoint": {"every": 3}}
+    result = shoal.fit(model=local_network(), train=train, test=test, workers=2,
+                       stop={"metric": "test_accuracy", "above": 0.5}, **settings)
+    assert [epoch.epoch for epoch in result.epochs] == [1]  # above 50% after the first epoch
+    assert len(result.epochs[0].workers) == 2
+    end = read_history(result.run_dir).end
+    assert end.completed and end.epochs == 1 and "test_accuracy" in end.message and "above 0.5" in end.message
+    assert [path.name for path in (result.run_dir / "checkpoints").iterdir()] == ["epoch-00001"]  # due at the stop

@@ -258,6 +258,7 @@ UNCHECKED = {
     "train.eval_every": "when the test set is measured: evaluation draws no random numbers and changes no weight",
     "train.validate_every": "as train.eval_every",
     "train.validate_seconds": "as train.eval_every",
+    "train.stop": "when the job ends: judged after an epoch is trained, it changes no weight of the epochs it lets run",
     "cluster.threads": "the machine's cores: the same sums, rounded as that machine rounds them",
     "cluster.device": "the machine's hardware: the same sums, rounded as that hardware rounds them",
     "cluster.timeout": "how long a collective may wait",

@@ -126,8 +126,8 @@ class Coordinator:
         return metrics, time.perf_counter() - began
 
     def end_epoch(self, epoch: int, step: int, per_rank: list[EpochStats], ranks: list[int], hosts: list[str],
-                  algorithm: Algorithm) -> None:
-        """Evaluate when due, then write the epoch's record."""
+                  algorithm: Algorithm) -> EpochEnd:
+        """Evaluate when due, then write the epoch's record; the record."""
         last = epoch + 1 == self.job.train.epochs
         test, evaluation_seconds = {}, 0.0
         if self.test_rows is not None and ((epoch + 1) % self.job.train.eval_every == 0 or last):
@@ -136,20 +136,22 @@ class Coordinator:
         record.algorithm = algorithm.epoch_report() or None
         self.events.write(record)
         self.progress.end_epoch(epoch, record)
+        return record
 
     def checkpoint_written(self, epoch: int, path: Path, seconds: float) -> None:
         self.events.write(Checkpoint(epoch=epoch, path=str(path), seconds=seconds))
 
-    def complete(self, algorithm: Algorithm, seconds: float, steps: int, memory: list[WorkerMemory]) -> None:
-        """Save the consensus model and write `job_end`."""
+    def complete(self, algorithm: Algorithm, seconds: float, steps: int, memory: list[WorkerMemory],
+                 epochs: int, stopped: str | None = None) -> None:
+        """Save the consensus model and write `job_end` (`stopped`: why it ended before its last epoch)."""
         if self.validator is not None:
             self.validator.close()
         prepared = self.prepared
         with algorithm.consensus() as consensus:
             path = save_model(self.run_dir, consensus, prepared.spec, prepared.objective, prepared.train_set.classes,
                               prepared.train_set.feature_dtype.name, training_set=prepared.train_set)
-        self.events.write(JobEnd(status="completed", test=self.final, seconds=seconds, epochs=self.job.train.epochs,
-                                 steps=steps, model=str(path), memory=memory))
+        self.events.write(JobEnd(status="completed", test=self.final, seconds=seconds, epochs=epochs,
+                                 steps=steps, model=str(path), memory=memory, message=stopped))
 
     def close(self) -> None:
         if self.validator is not None:

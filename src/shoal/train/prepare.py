@@ -26,6 +26,7 @@ from shoal.data.loader import plan_memory
 from shoal.errors import ConfigError, first_line
 from shoal.model import build_model, code_of, current_folder_importable, output_shape
 from shoal.train.objective import Objective
+from shoal.train.stopping import stop_rule
 
 UNUSABLE_OPTIMIZERS = {
     "lbfgs": "LBFGS needs a closure that recomputes the loss at every step, and shoal takes one plain step "
@@ -223,4 +224,5 @@ def prepare(job: JobConfig) -> Prepared:
             f"loss {job.train.loss} needs {expected} output(s) per row"
         )
     check_optimizer(job.train.optimizer, model.parameters())
+    stop_rule(job.train.stop)  # a bad train.stop fails here, before any worker starts
     return Prepared(train_set, test_set, spec, objective)

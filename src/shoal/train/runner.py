@@ -40,6 +40,7 @@ from shoal.train.loop import EpochStats, Trainer
 from shoal.train.memory import current_rss, peak_rss
 from shoal.train.prepare import allocate_model, check_world_size, make_optimizer, prepare
 from shoal.train.state import TrainingState
+from shoal.train.stopping import Stopping, epoch_metrics, stop_rule
 
 
 def seed_everything(seed: int) -> None:
@@ -52,11 +53,15 @@ class Runner:
     """This rank's part of the job; `run()` takes every step in order and returns rank 0's test metrics."""
 
     def __init__(self, job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resume: bool = False,
-                 comm: Communicator | None = None, stop: EpochEndStop | None = None):
+                 comm: Communicator | None = None, stop: EpochEndStop | None = None, callbacks=()):
         """`comm`: the job's communicator (default: over the process group; tests pass a fake). `stop`: a
-        request to end at an epoch's end with a checkpoint (SLURM's warning before its time limit)."""
+        request to end at an epoch's end with a checkpoint (SLURM's warning before its time limit).
+        `callbacks`: the user's, with `on_epoch_end(epoch, metrics)`, given to every rank and called on rank 0."""
         self.job, self.info, self.run_dir, self.threads, self.resuming = job, info, Path(run_dir), threads, resume
         self.comm, self.stop = comm, stop
+        self.callbacks = list(callbacks)
+        self.stopped: str | None = None  # why the job ended before its last epoch
+        self.epochs_done = job.train.epochs
         self.coordinator: Coordinator | None = None
         self.heartbeat: Heartbeat | None = None
         self.loader: ShardLoader | None = None
@@ -70,6 +75,8 @@ class Runner:
             self.start()
             for epoch in range(self.first_epoch, self.job.train.epochs):
                 self.end_epoch(epoch, self.run_epoch(epoch))
+                if self.stopped:
+                    break
             return self.complete()
         except RuntimeError as error:
             quiet = self.heartbeat.blame() if self.heartbeat and "timed out" in str(error).lower() else None
@@ -103,6 +110,9 @@ class Runner:
             self.algorithm.plan(self.steps)
         else:
             self.algorithm.setup(self.model, self.optimizer, self.comm)
+        # every rank knows whether a stop may come; only rank 0 judges
+        self.stopping = Stopping(stop_rule(job.train.stop), self.callbacks if info.rank == 0 else [])
+        self.stoppable = self.stopping.rule is not None or bool(self.callbacks)
         seed_everything(job.train.seed + 1 + info.rank)  # dropout differs between ranks
 
     def load_data(self) -> None:
@@ -153,6 +163,7 @@ class Runner:
         self.first_epoch = found.epoch
         if coordinator:
             self.coordinator.final = latest_test(found)
+            self.stopping.load_state_dict(found.coordinator.get("stopping", {}))
 
     def start(self) -> None:
         """Announce the job, then start every rank together."""
@@ -196,12 +207,18 @@ class Runner:
     def end_epoch(self, epoch: int, stats: EpochStats) -> None:
         """Every rank's statistics to the coordinator (which evaluates and records), then the checkpoint."""
         gathered = self.comm.all_gather(stats.as_tensor())
+        reason = None
         if self.coordinator is not None:
             per_rank = [EpochStats.from_tensor(gathered[rank]) for rank in self.trainers]
-            self.coordinator.end_epoch(epoch, self.epoch_loop.global_step, per_rank, self.trainers,
-                                       [self.hosts[rank] for rank in self.trainers], self.algorithm)
+            record = self.coordinator.end_epoch(epoch, self.epoch_loop.global_step, per_rank, self.trainers,
+                                                [self.hosts[rank] for rank in self.trainers], self.algorithm)
+            reason = self.stopping.decide(epoch, epoch_metrics(record))
+        if self.stoppable and epoch + 1 < self.job.train.epochs:
+            self.stopped = self.comm.broadcast_object(reason)  # every rank leaves at the same epoch
+            if self.stopped:
+                self.epochs_done = epoch + 1
         every = self.job.checkpoint.every
-        due = every and ((epoch + 1) % every == 0 or epoch + 1 == self.job.train.epochs)
+        due = every and ((epoch + 1) % every == 0 or epoch + 1 == self.job.train.epochs or self.stopped)
         stopping = self.stop is not None and epoch + 1 < self.job.train.epochs and self.stop.agreed(self.comm)
         if due or stopping:
             self.save_checkpoint(epoch + 1)
@@ -211,7 +228,9 @@ class Runner:
     def save_checkpoint(self, epochs_done: int) -> None:
         began = time.perf_counter()
         coordinator = self.coordinator
-        extra = coordinator_state(coordinator.final, self.fingerprint) if coordinator is not None else None
+        extra = None
+        if coordinator is not None:
+            extra = coordinator_state(coordinator.final, self.fingerprint) | {"stopping": self.stopping.state_dict()}
         path = self.checkpointer.save(epochs_done, self.state.state_dict(), extra)
         if coordinator is not None:
             coordinator.checkpoint_written(epochs_done, path, time.perf_counter() - began)
@@ -222,7 +241,7 @@ class Runner:
         final = {}
         if self.coordinator is not None:
             self.coordinator.complete(self.algorithm, time.perf_counter() - self.began,
-                                      self.epoch_loop.global_step, memory)
+                                      self.epoch_loop.global_step, memory, self.epochs_done, self.stopped)
             final = self.coordinator.final
         self.comm.barrier()  # nobody leaves (and tears down the group) while the coordinator still writes
         self.heartbeat.close()
@@ -241,6 +260,6 @@ class Runner:
 
 
 def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resume: bool = False,
-               stop: EpochEndStop | None = None) -> dict:
+               stop: EpochEndStop | None = None, callbacks=()) -> dict:
     """Train this rank's part of the job; returns the final test metrics (rank 0) or {}."""
-    return Runner(job, info, run_dir, threads, resume, stop=stop).run()
+    return Runner(job, info, run_dir, threads, resume, stop=stop, callbacks=callbacks).run()
