@@ -116,6 +116,10 @@ class TrainConfig:
     (parameter-server algorithms: updates the server applied; others: steps); 0 = never."""
     validate_seconds: float = 0.0
     """... or every this many seconds; 0 = never."""
+    scheduler: dict | None = None
+    """A torch.optim.lr_scheduler by name with its arguments, e.g. { name = "StepLR", step_size = 10 }."""
+    clip_norm: float | None = None
+    """Clip the gradients' global norm to this before each step (after the workers' gradients are combined)."""
     stop: dict | None = None
     """End before the last epoch: { metric = "test_loss", below = 0.05 } (cNeural's error threshold), above = ...,
     and/or patience = N epochs without an improvement of more than min_delta (early stopping)."""
@@ -129,6 +133,8 @@ class TrainConfig:
         if not (isinstance(self.validate_seconds, (int, float)) and not isinstance(self.validate_seconds, bool)
                 and math.isfinite(self.validate_seconds) and self.validate_seconds >= 0):
             raise ConfigError(f"train.validate_seconds: must be seconds >= 0, got {self.validate_seconds!r}")
+        if self.clip_norm is not None and not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            raise ConfigError(f"train.clip_norm: must be a number > 0, got {self.clip_norm!r}")
         if self.loss not in LOSSES:
             raise ConfigError(f"train.loss: unknown loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
         if not isinstance(self.optimizer.get("name"), str):

@@ -18,6 +18,7 @@ from shoal.cluster.collectives import Communicator
 from shoal.data.loader import ShardLoader
 from shoal.errors import ShoalError
 from shoal.train.objective import Objective
+from shoal.train.schedule import Schedule
 
 
 class NumericalError(ShoalError):
@@ -48,8 +49,10 @@ class Trainer:
     """Runs epochs of one worker's share through the model; owns its counters (step, epoch)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, objective: Objective,
-                 algorithm: Algorithm, loader: ShardLoader, comm: Communicator, *, on_step=None):
+                 algorithm: Algorithm, loader: ShardLoader, comm: Communicator, *, on_step=None,
+                 schedule: Schedule | None = None, clip_norm: float | None = None):
         self.model, self.optimizer, self.objective = model, optimizer, objective
+        self.schedule, self.clip_norm = schedule, clip_norm
         self.algorithm, self.loader, self.comm = algorithm, loader, comm
         self.on_step = on_step  # called with the step's loss (the progress bar)
         self.global_step = 0  # steps taken, across epochs
@@ -73,7 +76,11 @@ class Trainer:
             loss.backward()
             rows = len(inputs)
             self.algorithm.after_backward(rows)
+            if self.clip_norm is not None:  # after the exchange: every worker clips the same gradients
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
             self.optimizer.step()  # a no-op where the algorithm took the gradients over (Downpour)
+            if self.schedule is not None:
+                self.schedule.after_step()
             self.global_step += 1
             self.algorithm.after_step(self.global_step)
             value = loss.item()  # also waits for the device, so the timing below is honest

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from shoal.algorithms import Algorithm, make_algorithm, trainer_ranks
+from shoal.algorithms import Algorithm, ServerAlgorithm, make_algorithm, trainer_ranks
 from shoal.config import JobConfig
 from shoal.data.compatible import TRAINING, check_compatible, schema
 from shoal.data.format import Dataset, open_dataset
@@ -26,6 +26,7 @@ from shoal.data.loader import plan_memory
 from shoal.errors import ConfigError, first_line
 from shoal.model import build_model, code_of, current_folder_importable, output_shape
 from shoal.train.objective import Objective
+from shoal.train.schedule import make_schedule
 from shoal.train.stopping import stop_rule
 
 UNUSABLE_OPTIMIZERS = {
@@ -187,6 +188,23 @@ def allocate_model(spec: dict) -> torch.nn.Module:
     raise ConfigError(f"{model_key(spec)}: not enough memory to build the model: {reason}")
 
 
+def check_schedule(job: JobConfig) -> None:
+    """Build the scheduler on a stand-in optimizer. Where a server applies the updates, a per-step schedule
+    and clipping are refused: the trainers' optimizer takes no step, and the server's steps when updates come."""
+    server = isinstance(make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups),
+                        ServerAlgorithm)
+    if server and job.train.clip_norm is not None:
+        raise ConfigError(f"train.clip_norm: {job.algorithm.name} sends the trainers' gradients to its server "
+                          "unclipped; clipping is for the collective algorithms")
+    if job.train.scheduler is None:
+        return
+    with _compiler_unimported():
+        schedule = make_schedule(job.train.scheduler, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1))
+    if schedule.interval == "step" and server:
+        raise ConfigError(f"train.scheduler: {job.algorithm.name} applies updates on its server, whose optimizer "
+                          "steps when updates arrive: use a schedule stepped per epoch (interval = \"epoch\")")
+
+
 def check_world_size(job: JobConfig, world_size: int, train_set: Dataset, algorithm: Algorithm | None = None) -> None:
     """Settings that make no sense for this many workers: the algorithm's own check, then the rows.
 
@@ -224,5 +242,6 @@ def prepare(job: JobConfig) -> Prepared:
             f"loss {job.train.loss} needs {expected} output(s) per row"
         )
     check_optimizer(job.train.optimizer, model.parameters())
+    check_schedule(job)
     stop_rule(job.train.stop)  # a bad train.stop fails here, before any worker starts
     return Prepared(train_set, test_set, spec, objective)

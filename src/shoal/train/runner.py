@@ -39,6 +39,7 @@ from shoal.train.epoch_loops import Serving, Training
 from shoal.train.loop import EpochStats, Trainer
 from shoal.train.memory import current_rss, peak_rss
 from shoal.train.prepare import allocate_model, check_world_size, make_optimizer, prepare
+from shoal.train.schedule import make_schedule
 from shoal.train.state import TrainingState
 from shoal.train.stopping import Stopping, epoch_metrics, stop_rule
 
@@ -97,6 +98,7 @@ class Runner:
         seed_everything(job.train.seed)  # identical initial weights on every rank
         self.model = allocate_model(self.prepared.spec).to(self.device)
         self.optimizer = make_optimizer(job.train.optimizer, self.model.parameters())
+        self.schedule = make_schedule(job.train.scheduler, self.optimizer)
         self.algorithm = make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups)
         check_world_size(job, info.world_size, self.prepared.train_set, self.algorithm)
         self.trainers = trainer_ranks(self.algorithm, info.world_size)
@@ -124,7 +126,8 @@ class Runner:
         if self.role is Role.TRAINER:
             self.loader = self.open_share()
             trainer = Trainer(self.model, self.optimizer, self.prepared.objective, self.algorithm, self.loader,
-                              self.comm, on_step=self.after_step)
+                              self.comm, on_step=self.after_step, schedule=self.schedule,
+                              clip_norm=self.job.train.clip_norm)
             self.epoch_loop = Training(trainer)
         else:
             self.epoch_loop = Serving(self.algorithm, self.steps)
@@ -146,7 +149,8 @@ class Runner:
 
     def resume(self) -> None:
         """With `resume`: every rank loads its part of the newest checkpoint that all ranks hold."""
-        self.state = TrainingState(self.model, self.optimizer, self.algorithm, self.epoch_loop, self.device)
+        self.state = TrainingState(self.model, self.optimizer, self.algorithm, self.epoch_loop, self.device,
+                                   self.schedule)
         coordinator = self.coordinator is not None
         # recorded in the coordinator's file only: the other ranks need not read the dataset's meta.json
         self.fingerprint = fingerprint(self.job, self.prepared.spec, self.prepared.train_set,
@@ -207,6 +211,9 @@ class Runner:
     def end_epoch(self, epoch: int, stats: EpochStats) -> None:
         """Every rank's statistics to the coordinator (which evaluates and records), then the checkpoint."""
         gathered = self.comm.all_gather(stats.as_tensor())
+        if self.schedule is not None:  # every rank steps with the same loss: the mean over all trainers
+            trained = [EpochStats.from_tensor(gathered[rank]) for rank in self.trainers]
+            self.schedule.after_epoch(sum(s.loss_sum for s in trained) / max(sum(s.rows for s in trained), 1))
         reason = None
         if self.coordinator is not None:
             per_rank = [EpochStats.from_tensor(gathered[rank]) for rank in self.trainers]

@@ -4,7 +4,8 @@ Everything a rank needs to continue exactly where it stopped: the model, the opt
 algorithm's own state, the step counter of its role and the random generators. The keys of a
 rank's checkpoint file are written and read here and nowhere else; the checkpoint folder's
 layout and its coordinator file belong to `checkpoint`. The optimizer's state is restored under
-the job's current settings, so `--set train.optimizer.lr=...` on resume takes effect.
+the job's current settings, so `--set train.optimizer.lr=...` on resume takes effect, except those a
+learning-rate scheduler sets as it goes, which continue where the schedule was.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import torch
 
 from shoal.algorithms import Algorithm
 from shoal.train.checkpoint import random_state, restore_random_state
+from shoal.train.schedule import Schedule
+
+SCHEDULED = ("lr", "initial_lr", "momentum", "betas", "max_lr", "min_lr", "base_momentum", "max_momentum")
+"""Optimizer settings a learning-rate scheduler changes as it goes (OneCycleLR and CyclicLR cycle momentum)."""
 
 
 class Counter(Protocol):
@@ -27,18 +32,26 @@ class TrainingState:
     """Model, optimizer, algorithm, step counter and random generators of one rank (torchtitan's Stateful)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, algorithm: Algorithm,
-                 counter: Counter, device: torch.device):
+                 counter: Counter, device: torch.device, schedule: Schedule | None = None):
         self.model, self.optimizer, self.algorithm = model, optimizer, algorithm
-        self.counter, self.device = counter, device
+        self.counter, self.device, self.schedule = counter, device, schedule
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "algorithm": self.algorithm.state_dict(), "global_step": self.counter.global_step,
-                "random": random_state(self.device)}
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "algorithm": self.algorithm.state_dict(), "global_step": self.counter.global_step,
+                 "random": random_state(self.device)}
+        if self.schedule is not None:
+            state["schedule"] = self.schedule.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         load_optimizer(self.optimizer, state["optimizer"])
+        if self.schedule is not None and "schedule" in state:
+            self.schedule.load_state_dict(state["schedule"])
+            # what the schedule had set (a cycled momentum too) is what training goes on with
+            for group, saved in zip(self.optimizer.param_groups, state["optimizer"]["param_groups"], strict=True):
+                group.update({key: saved[key] for key in SCHEDULED if key in saved})
         self.algorithm.load_state_dict(state["algorithm"])
         self.counter.global_step = state["global_step"]
         restore_random_state(state["random"], self.device)

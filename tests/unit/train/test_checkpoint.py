@@ -255,6 +255,8 @@ def test_fingerprint_names_what_a_resumed_job_must_share(data):
         "train.seed": 3,
         "train.shuffle": True,
         "train.loss": "cross_entropy",
+        "train.scheduler": None,
+        "train.clip_norm": None,
         "data.train": ROWS,
         "data.train.meta": dataset_identity(data()),
         "data.memory_per_worker": None,
