@@ -175,15 +175,15 @@ def named_factory(overrides) -> str | None:
 def resumed_job(run_dir: str | Path, overrides=(), trust_code: bool = False) -> JobConfig:
     """The job of a run directory to resume, with overrides applied.
 
-    Its job.toml is data anyone may have written: a model.factory in it is imported (in the
-    launcher and every worker) only when the user trusts the run directory, or names that
-    factory again in the overrides.
+    Its job.toml is data anyone may have written: code it names (a model.factory, a model.object,
+    a train.loss function) is loaded (in the launcher and every worker) only when the user trusts
+    the run directory, or names that factory again in the overrides.
     """
     job_file = Path(run_dir) / JOB_FILE
     if not job_file.exists():
         raise ConfigError(f"{run_dir}: no job.toml: not a shoal run directory")
     job = resolve_job(job_file, overrides)
-    check_trusted({"factory": job.model.factory, "object": job.model.object}, str(job_file),
+    check_trusted({"factory": job.model.factory, "object": job.model.object, "loss": job.train.loss}, str(job_file),
                   trust_code or named_factory(overrides) or False)
     return job
 

@@ -69,7 +69,7 @@ def command_train(args: argparse.Namespace) -> int:
 def trust_flag(job) -> str:
     """What a resume of this job needs: a job whose model is code (a model.factory or model.object) is
     refused without --trust-code."""
-    return " --trust-code" if job.model.factory or job.model.object else ""
+    return " --trust-code" if job.model.factory or job.model.object or ":" in job.train.loss else ""
 
 
 def workers_for(option: str | None, job, nodes: int) -> int | None:

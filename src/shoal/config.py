@@ -104,7 +104,8 @@ class TrainConfig:
     optimizer: dict = field(default_factory=lambda: {"name": "sgd", "lr": 0.01})
     """A torch.optim optimizer by lowercase name, with its keyword arguments."""
     loss: str = "cross_entropy"
-    """cross_entropy (class logits), binary_cross_entropy (one logit) or mse."""
+    """cross_entropy (class logits), binary_cross_entropy (one logit), mse, a torch.nn loss class by name
+    ("SmoothL1Loss", "NLLLoss", ...) or "package.module:function" taking (outputs, labels)."""
     seed: int = 0
     """Seeds model initialisation, shuffling and dropout: the same seed gives the same run."""
     eval_every: int = 1
@@ -135,8 +136,9 @@ class TrainConfig:
             raise ConfigError(f"train.validate_seconds: must be seconds >= 0, got {self.validate_seconds!r}")
         if self.clip_norm is not None and not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
             raise ConfigError(f"train.clip_norm: must be a number > 0, got {self.clip_norm!r}")
-        if self.loss not in LOSSES:
-            raise ConfigError(f"train.loss: unknown loss {self.loss!r}; choose one of {', '.join(LOSSES)}")
+        if not (self.loss in LOSSES or re.fullmatch(r"[\w.]+:\w+|[A-Z]\w*Loss", self.loss)):
+            raise ConfigError(f"train.loss: unknown loss {self.loss!r}; choose one of {', '.join(LOSSES)}, a torch.nn "
+                              "loss class (like SmoothL1Loss) or 'package.module:function'")
         if not isinstance(self.optimizer.get("name"), str):
             raise ConfigError("train.optimizer.name: required, e.g. optimizer = { name = \"adam\", lr = 0.001 }")
 

@@ -273,12 +273,18 @@ Trust = bool | str
 """True: any code may be run; a factory's name or a model file's path: that one only (the user named it again)."""
 
 
+def codes_of(spec: dict) -> list[tuple[str, str]]:
+    """(its key, its name) for each piece of code building or training the model would run: a factory, a
+    model shipped by value, a job's train.loss naming a function."""
+    found = [(f"model.{key}", spec[key]) for key in ("factory", "object") if spec.get(key)]
+    if ":" in (spec.get("loss") or ""):
+        found.append(("train.loss", spec["loss"]))
+    return found
+
+
 def code_of(spec: dict) -> tuple[str, str] | None:
-    """(its key, its name) when building the model runs code: a factory, or a model shipped by value."""
-    for key in ("factory", "object"):
-        if spec.get(key):
-            return f"model.{key}", spec[key]
-    return None
+    """The model's code, if building it runs any: (its key, its name)."""
+    return next(iter(codes_of(spec)), None)
 
 
 def untrusted(where: str, key: str, name: str) -> str:
@@ -293,9 +299,9 @@ def check_trusted(spec: dict, where: str, trust: Trust = False) -> None:
     (`os:system` among them) and a model file shipped by value is a pickle, so either is loaded only
     on the user's word.
     """
-    code = code_of(spec)
-    if code and trust is not True and not (isinstance(trust, str) and trust == code[1]):
-        raise ConfigError(untrusted(where, *code))
+    for code in codes_of(spec):
+        if trust is not True and not (isinstance(trust, str) and trust == code[1]):
+            raise ConfigError(untrusted(where, *code))
 
 
 def output_shape(model: nn.Module, input_shape: list[int]) -> tuple[int, ...]:

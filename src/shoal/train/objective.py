@@ -7,20 +7,66 @@ for class 1, mse regresses one-hot targets (classification) or the label (regres
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import inspect
+import re
+from collections.abc import Callable
+
 import numpy as np
 import torch
+from torch import nn
 from torch.nn import functional
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, first_line
+from shoal.model import current_folder_importable
+
+BUILT_IN = ("cross_entropy", "binary_cross_entropy", "mse")
+
+
+def torch_losses() -> dict[str, type]:
+    return {name: cls for name, cls in vars(nn).items()
+            if inspect.isclass(cls) and issubclass(cls, nn.modules.loss._Loss) and not name.startswith("_")}
+
+
+def check_loss_name(loss: str) -> None:
+    """A built-in name, a torch.nn loss class, or 'package.module:function' (imported only when used)."""
+    if loss in BUILT_IN or loss in torch_losses() or re.fullmatch(r"[\w.]+:\w+", loss):
+        return
+    close = difflib.get_close_matches(loss, [*BUILT_IN, *torch_losses()], n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    raise ConfigError(f"train.loss: unknown loss {loss!r}{hint}; give one of {', '.join(BUILT_IN)}, a torch.nn "
+                      "loss class or 'package.module:function'")
+
+
+def user_loss(loss: str) -> Callable:
+    """The loss function a name gives: a torch.nn class (built with its defaults) or the user's function."""
+    if ":" not in loss:
+        return torch_losses()[loss]()
+    module_name, _, function_name = loss.partition(":")
+    with current_folder_importable():
+        try:
+            return getattr(importlib.import_module(module_name), function_name)
+        except Exception as error:
+            raise ConfigError(f"train.loss: cannot import {loss!r}: {first_line(error)}") from None
 
 
 class Objective:
-    """A loss plus the interpretation of outputs that goes with it."""
+    """A loss plus the interpretation of outputs that goes with it.
+
+    A loss besides the three built in (a torch.nn class or the user's function) reads outputs as class
+    logits when the data has classes (one output: the logit of the second class of two) and as the
+    value itself for a numeric label; its function is imported on first use only, so predicting with a
+    saved model never runs it.
+    """
 
     def __init__(self, loss: str, num_classes: int | None):
         self.loss, self.num_classes = loss, num_classes
-        if loss not in ("cross_entropy", "binary_cross_entropy", "mse"):
-            raise ConfigError(f"train.loss: unknown loss {loss!r}")
+        check_loss_name(loss)
+        self.custom = loss not in BUILT_IN
+        self._function = None
+        if self.custom:
+            return
         if num_classes is None and loss != "mse":
             raise ConfigError(f"train.loss: {loss!r} needs class labels; the training set has none (use 'mse')")
         if loss == "binary_cross_entropy" and num_classes != 2:
@@ -35,7 +81,21 @@ class Objective:
             return 1
         return self.num_classes
 
+    def accepts(self, shape: tuple[int, ...]) -> bool:
+        """Whether one sample's outputs of this shape fit the loss and the labels."""
+        if self.custom and self.num_classes == 2 and shape == (1,):
+            return True
+        return shape == (self.expected_outputs(),)
+
+    def one_logit(self, outputs: torch.Tensor) -> bool:
+        return self.loss == "binary_cross_entropy" or (self.custom and outputs.ndim == 2 and outputs.shape[1] == 1)
+
     def __call__(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.custom:
+            self._function = self._function or user_loss(self.loss)
+            if self.num_classes is None or self.one_logit(outputs):
+                return self._function(outputs.reshape(-1), labels.float())
+            return self._function(outputs, labels)
         if self.loss == "cross_entropy":
             return functional.cross_entropy(outputs, labels)
         if self.loss == "binary_cross_entropy":
@@ -48,10 +108,10 @@ class Objective:
         """Class probabilities (n, K), or None for regression."""
         if self.num_classes is None:
             return None
-        if self.loss == "binary_cross_entropy":
+        if self.one_logit(outputs):
             positive = torch.sigmoid(outputs.reshape(-1))
             return torch.stack([1 - positive, positive], dim=1)
-        if self.loss == "cross_entropy":
+        if self.loss == "cross_entropy" or self.custom:
             return torch.softmax(outputs, dim=1)
         weights = outputs.clamp(min=0) + 1e-12  # a row of outputs all <= 0 reads as uniform
         return weights / weights.sum(dim=1, keepdim=True)
@@ -59,7 +119,7 @@ class Objective:
     def predictions(self, outputs: torch.Tensor) -> torch.Tensor:
         if self.num_classes is None:
             return outputs.reshape(-1)
-        if self.loss == "binary_cross_entropy":
+        if self.one_logit(outputs):
             return (outputs.reshape(-1) > 0).long()
         return outputs.argmax(dim=1)
 

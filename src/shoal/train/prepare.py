@@ -188,6 +188,21 @@ def allocate_model(spec: dict) -> torch.nn.Module:
     raise ConfigError(f"{model_key(spec)}: not enough memory to build the model: {reason}")
 
 
+def check_custom_loss(objective: Objective, model: torch.nn.Module, input_shape: list[int]) -> None:
+    """The user's loss on two rows of the model's outputs: a loss that cannot take them fails here, in one line."""
+    outputs = model(torch.zeros(2, *input_shape))
+    labels = torch.zeros(2, dtype=objective.label_dtype)
+    try:
+        value = objective(outputs, labels)
+    except ConfigError:
+        raise
+    except Exception as error:
+        raise ConfigError(f"train.loss: {objective.loss!r} fails on the model's outputs {list(outputs.shape)}: "
+                          f"{type(error).__name__}: {first_line(error)}") from None
+    if not (isinstance(value, torch.Tensor) and value.numel() == 1):
+        raise ConfigError(f"train.loss: {objective.loss!r} must return one number, got {type(value).__name__}")
+
+
 def check_schedule(job: JobConfig) -> None:
     """Build the scheduler on a stand-in optimizer. Where a server applies the updates, a per-step schedule
     and clipping are refused: the trainers' optimizer takes no step, and the server's steps when updates come."""
@@ -235,12 +250,14 @@ def prepare(job: JobConfig) -> Prepared:
     model = allocate_model(spec)
     shape = output_shape(model, spec["input"])
     expected = objective.expected_outputs()
-    if shape != (expected,):
+    if not objective.accepts(shape):
         what = f"{train_set.num_classes} classes" if train_set.num_classes else "a numeric label"
         raise ConfigError(
             f"{model_key(spec)}: the model gives outputs of shape {list(shape)}, but data.train has {what}: "
             f"loss {job.train.loss} needs {expected} output(s) per row"
         )
+    if objective.custom:
+        check_custom_loss(objective, model, spec["input"])
     check_optimizer(job.train.optimizer, model.parameters())
     check_schedule(job)
     stop_rule(job.train.stop)  # a bad train.stop fails here, before any worker starts
