@@ -25,6 +25,7 @@ from shoal.errors import ConfigError
 
 PROGRESS_MODES = ("auto", "bar", "lines", "none")
 DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16")
 LOSSES = ("cross_entropy", "binary_cross_entropy", "mse")
 LOGGERS = ("csv", "mlflow", "tensorboard")
 DEFAULT_PORT = 29400
@@ -119,6 +120,11 @@ class TrainConfig:
     """... or every this many seconds; 0 = never."""
     scheduler: dict | None = None
     """A torch.optim.lr_scheduler by name with its arguments, e.g. { name = "StepLR", step_size = 10 }."""
+    accumulate: int | str | None = None
+    """Sum the gradients of this many batches (or "epoch": the worker's whole share, cNeural's batch mode)
+    into one exchange and one optimizer step; sync (and one worker alone) only."""
+    precision: str = "fp32"
+    """fp32, or bf16: the forward pass under autocast (CPU and CUDA), the loss and the update in fp32."""
     clip_norm: float | None = None
     """Clip the gradients' global norm to this before each step (after the workers' gradients are combined)."""
     stop: dict | None = None
@@ -134,6 +140,10 @@ class TrainConfig:
         if not (isinstance(self.validate_seconds, (int, float)) and not isinstance(self.validate_seconds, bool)
                 and math.isfinite(self.validate_seconds) and self.validate_seconds >= 0):
             raise ConfigError(f"train.validate_seconds: must be seconds >= 0, got {self.validate_seconds!r}")
+        if self.accumulate is not None and self.accumulate != "epoch":
+            _at_least("train.accumulate", self.accumulate, 1)
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision: must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.clip_norm is not None and not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
             raise ConfigError(f"train.clip_norm: must be a number > 0, got {self.clip_norm!r}")
         if not (self.loss in LOSSES or re.fullmatch(r"[\w.]+:\w+|[A-Z]\w*Loss", self.loss)):

@@ -296,6 +296,8 @@ def fingerprint(job, spec: dict, train_set: Dataset, world_size: int) -> dict:
         "train.loss": job.train.loss,
         "train.scheduler": job.train.scheduler,  # its state does not carry over to another
         "train.clip_norm": job.train.clip_norm,
+        "train.accumulate": job.train.accumulate,
+        "train.precision": job.train.precision,
         "data.train": train_set.rows,
         "data.train.meta": dataset_identity(train_set),
         "data.memory_per_worker": job.data.memory_budget,  # a share in sub-partitions is visited in another order

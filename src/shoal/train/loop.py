@@ -46,18 +46,28 @@ class EpochStats:
 
 
 class Trainer:
-    """Runs epochs of one worker's share through the model; owns its counters (step, epoch)."""
+    """Runs epochs of one worker's share through the model; owns its counters (step, epoch).
+
+    With `accumulate` (batches per update, or None for one), each batch's gradient is summed in,
+    weighted by its rows, and the sum becomes one mean gradient, one exchange and one optimizer step:
+    over a whole share it is the full-batch step of cNeural's batch mode. `precision` "bf16" runs the
+    forward pass under autocast; the loss is computed in fp32.
+    """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, objective: Objective,
                  algorithm: Algorithm, loader: ShardLoader, comm: Communicator, *, on_step=None,
-                 schedule: Schedule | None = None, clip_norm: float | None = None):
+                 schedule: Schedule | None = None, clip_norm: float | None = None, accumulate: int | None = None,
+                 precision: str = "fp32"):
         self.model, self.optimizer, self.objective = model, optimizer, objective
-        self.schedule, self.clip_norm = schedule, clip_norm
+        self.schedule, self.clip_norm, self.accumulate = schedule, clip_norm, accumulate
         self.algorithm, self.loader, self.comm = algorithm, loader, comm
         self.on_step = on_step  # called with the step's loss (the progress bar)
         self.global_step = 0  # steps taken, across epochs
         self.epoch = 0  # the epoch in progress (or last run), from 0
         self.synchronize = (lambda: torch.cuda.synchronize()) if loader.device.type == "cuda" else (lambda: None)
+        self.autocast = lambda: torch.autocast(loader.device.type, dtype=torch.bfloat16,
+                                               enabled=precision == "bf16")
+        self.group_rows = 0  # rows whose gradients are summed in, not yet applied
 
     def train_epoch(self, epoch: int) -> EpochStats:
         self.epoch = epoch
@@ -71,26 +81,14 @@ class Trainer:
             inputs, labels = next(batches)
             fetched = time.perf_counter()
             communication_at_step = self.comm.seconds
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = self.objective(self.model(inputs), labels)
-            loss.backward()
-            rows = len(inputs)
-            self.algorithm.after_backward(rows)
-            if self.clip_norm is not None:  # after the exchange: every worker clips the same gradients
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
-            self.optimizer.step()  # a no-op where the algorithm took the gradients over (Downpour)
-            if self.schedule is not None:
-                self.schedule.after_step()
-            self.global_step += 1
-            self.algorithm.after_step(self.global_step)
-            value = loss.item()  # also waits for the device, so the timing below is honest
+            value = self.learn(inputs, labels, step_in_epoch)
             if not math.isfinite(value):
                 raise NumericalError(f"loss is {value} at epoch {epoch + 1}, step {step_in_epoch + 1}")
             finished = time.perf_counter()
             stats.data += fetched - start
             stats.compute += finished - fetched - (self.comm.seconds - communication_at_step)
-            stats.rows += rows
-            stats.loss_sum += value * rows
+            stats.rows += len(inputs)
+            stats.loss_sum += value * len(inputs)
             stats.steps += 1
             if self.on_step is not None:
                 self.on_step(value)
@@ -99,3 +97,34 @@ class Trainer:
         stats.seconds = time.perf_counter() - began
         stats.communication = self.comm.seconds - communication_before
         return stats
+
+    def learn(self, inputs: torch.Tensor, labels: torch.Tensor, step_in_epoch: int) -> float:
+        """One batch's forward and backward, and the update when its group is complete; the batch's loss."""
+        rows = len(inputs)
+        if self.group_rows == 0:
+            self.optimizer.zero_grad(set_to_none=True)
+        with self.autocast():
+            outputs = self.model(inputs)
+        loss = self.objective(outputs.float(), labels)
+        (loss * rows if self.accumulate else loss).backward()  # summed over the group, then its mean
+        self.group_rows += rows
+        self.global_step += 1
+        done = step_in_epoch + 1
+        if not self.accumulate or done % self.accumulate == 0 or done == self.loader.steps:  # groups end with epochs
+            self.update()
+        self.algorithm.after_step(self.global_step)
+        return loss.item()  # also waits for the device, so the step's timing is honest
+
+    def update(self) -> None:
+        """The group's mean gradient, exchanged, clipped and applied; the schedule moves on."""
+        if self.accumulate:
+            for parameter in self.model.parameters():
+                if parameter.grad is not None:
+                    parameter.grad.div_(self.group_rows)
+        self.algorithm.after_backward(self.group_rows)
+        if self.clip_norm is not None:  # after the exchange: every worker clips the same gradients
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
+        self.optimizer.step()  # a no-op where the algorithm took the gradients over (Downpour)
+        if self.schedule is not None:
+            self.schedule.after_step()
+        self.group_rows = 0

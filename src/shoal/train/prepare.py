@@ -35,6 +35,8 @@ UNUSABLE_OPTIMIZERS = {
     "sparseadam": "SparseAdam needs sparse gradients, and shoal's models give dense ones",
 }
 """torch optimizers that shoal's training loop cannot drive, with the reason."""
+ACCUMULATING = ("sync", "none")
+"""The algorithms whose every step is one gradient exchange (or none), which train.accumulate merges."""
 TRAINING_COPIES = 4
 """Bytes of training state per byte of parameters: the weights, their gradients and the two moments
 of an Adam-like optimizer."""
@@ -205,9 +207,13 @@ def check_custom_loss(objective: Objective, model: torch.nn.Module, input_shape:
 
 def check_schedule(job: JobConfig) -> None:
     """Build the scheduler on a stand-in optimizer. Where a server applies the updates, a per-step schedule
-    and clipping are refused: the trainers' optimizer takes no step, and the server's steps when updates come."""
+    and clipping are refused: the trainers' optimizer takes no step, and the server's steps when updates come.
+    Accumulation merges exchanges, so it goes with the algorithms that exchange at every step."""
     server = isinstance(make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups),
                         ServerAlgorithm)
+    if job.train.accumulate is not None and job.algorithm.name not in ACCUMULATING:
+        raise ConfigError(f"train.accumulate: sums gradients before one exchange, which {job.algorithm.name} does "
+                          f"not make every step; use it with {' or '.join(ACCUMULATING)}")
     if server and job.train.clip_norm is not None:
         raise ConfigError(f"train.clip_norm: {job.algorithm.name} sends the trainers' gradients to its server "
                           "unclipped; clipping is for the collective algorithms")

@@ -125,9 +125,11 @@ class Runner:
         self.memory_before_data = current_rss()
         if self.role is Role.TRAINER:
             self.loader = self.open_share()
+            accumulate = self.steps if self.job.train.accumulate == "epoch" else self.job.train.accumulate
             trainer = Trainer(self.model, self.optimizer, self.prepared.objective, self.algorithm, self.loader,
                               self.comm, on_step=self.after_step, schedule=self.schedule,
-                              clip_norm=self.job.train.clip_norm)
+                              clip_norm=self.job.train.clip_norm, precision=self.job.train.precision,
+                              accumulate=accumulate)
             self.epoch_loop = Training(trainer)
         else:
             self.epoch_loop = Serving(self.algorithm, self.steps)

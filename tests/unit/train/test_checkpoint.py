@@ -257,6 +257,8 @@ def test_fingerprint_names_what_a_resumed_job_must_share(data):
         "train.loss": "cross_entropy",
         "train.scheduler": None,
         "train.clip_norm": None,
+        "train.accumulate": None,
+        "train.precision": "fp32",
         "data.train": ROWS,
         "data.train.meta": dataset_identity(data()),
         "data.memory_per_worker": None,
