@@ -226,6 +226,14 @@ def command_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def command_export(args: argparse.Namespace) -> int:
+    from shoal.train.export import export
+
+    out = export(args.run_dir, args.format, args.out, overwrite=args.overwrite, trust_code=args.trust_code)
+    print(f"{out}: the model as {args.format}")
+    return 0
+
+
 def command_status(args: argparse.Namespace) -> int:
     from shoal.train.status import render, summarize, watch
 
@@ -416,6 +424,18 @@ def parser() -> argparse.ArgumentParser:
                          help="build the model even if it is made by a model.factory or sent as a model.object "
                               "(loading it runs code named in the run directory)")
     predict.set_defaults(handler=command_predict)
+
+    export = commands.add_parser("export", help="write a trained run's model as TorchScript, ONNX or safetensors")
+    export.add_argument("run_dir", help="a finished run directory")
+    export.add_argument("--format", required=True, help="torchscript, onnx (pip install 'shoal[onnx]') or "
+                                                         "safetensors (pip install 'shoal[safetensors]')")
+    export.add_argument("--out", help="the file to write, outside the run directory (default: the run's name "
+                                      "and the format's extension, here)")
+    export.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    export.add_argument("--trust-code", action="store_true",
+                        help="build the model even if it is made by a model.factory or sent as a model.object "
+                             "(loading it runs code named in the run directory)")
+    export.set_defaults(handler=command_export)
 
     status = commands.add_parser("status", help="where a job stands: epoch, loss, speed, ETA, workers")
     status.add_argument("run_dir", help="a run directory (running or finished)")

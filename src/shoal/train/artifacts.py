@@ -104,17 +104,18 @@ def check_dataset(artifact: dict, dataset: Dataset, path: Path) -> None:
         raise DataError(f"{dataset.path}: {dataset.features} features, but the model takes {input_shape}")
 
 
-def check_out(run_dir: str | Path, out: str | Path, overwrite: bool) -> Path:
-    """Where predictions may go: not inside the run directory, and over an existing file only when asked."""
+def check_out(run_dir: str | Path, out: str | Path, overwrite: bool, what: str = "predictions") -> Path:
+    """Where predictions (or `what` else) may go: not inside the run directory, and over an existing file
+    only when asked."""
     out = Path(out)
     run = Path(run_dir).resolve()
     if out.resolve() == run or out.resolve().is_relative_to(run):
-        raise ShoalError(f"{out}: inside the run directory {run_dir}; write predictions elsewhere "
+        raise ShoalError(f"{out}: inside the run directory {run_dir}; write {what} elsewhere "
                          "(a run's files are never replaced, --overwrite or not)")
     if not out.parent.is_dir():
         raise ShoalError(f"--out: folder {out.parent} does not exist")
     if out.is_dir():
-        raise ShoalError(f"{out}: a folder; --out names the predictions file (.parquet or .csv)")
+        raise ShoalError(f"{out}: a folder; --out names the {what} file")
     if not overwrite and (out.exists() or out.is_symlink()):
         raise ShoalError(f"{out}: already exists; pass --overwrite (overwrite=True) to replace it")
     return out

@@ -1,0 +1,119 @@
+"""A trained model out of shoal: TorchScript, ONNX or safetensors files that load without shoal.
+
+`shoal export RUN --format torchscript|onnx|safetensors`. TorchScript and ONNX files hold the whole
+computation and take the rows as a dataset stores them, shape (batch, features) or (batch, *shape):
+the same scaling (uint8 images divided by 255) and reshaping as shoal's own loader come first, and
+the model's raw outputs come out (class logits, one logit for binary_cross_entropy, the value for a
+regression), with a dynamic batch dimension. A safetensors file holds the weights only, with the
+model's spec, loss and classes as JSON in its metadata. Files are written under a temporary name and
+renamed, so a failure leaves nothing behind; a model built by code is loaded only when trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from shoal.data.loader import feature_scale
+from shoal.durable import replace_durably
+from shoal.errors import ConfigError, ShoalError, first_line
+from shoal.model import Trust
+from shoal.train.artifacts import MODEL_FILE, TRAINING_SET, check_out, load_artifact, rebuild
+
+FORMATS = {"torchscript": ".pt", "onnx": ".onnx", "safetensors": ".safetensors"}
+EXTRAS = {"onnx": ("onnx", "shoal[onnx]"), "safetensors": ("safetensors", "shoal[safetensors]")}
+
+
+class StoredRows(nn.Module):
+    """The model behind shoal's own conversion of stored rows: to float, scaled, reshaped per sample."""
+
+    def __init__(self, model: nn.Module, scale: float, input_shape: list[int]):
+        super().__init__()
+        self.model, self.scale, self.input_shape = model, scale, tuple(input_shape)
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.model(rows.float().mul(self.scale).reshape((-1,) + self.input_shape))
+
+
+def export(run_dir: str | Path, format: str, out: str | Path | None = None, *, overwrite: bool = False,
+           trust_code: Trust = False) -> Path:
+    """Write the run's model as `format`; the file's path (default: the run's name and the format's
+    extension, in the current folder)."""
+    if format not in FORMATS:
+        raise ConfigError(f"--format: must be one of {', '.join(FORMATS)}, got {format!r}")
+    _check_extra(format)
+    out = check_out(run_dir, out or Path(Path(run_dir).resolve().name + FORMATS[format]), overwrite,
+                    f"the {format} model")
+    artifact = load_artifact(run_dir)
+    model = rebuild(artifact, Path(run_dir) / MODEL_FILE, trust_code)
+    temporary = out.with_name(f".{out.name}.tmp")
+    try:
+        WRITERS[format](model, artifact, temporary)
+        replace_durably(temporary, out)
+    except ShoalError:
+        raise
+    except Exception as error:  # what the exporter refuses: an operator, control flow
+        raise ShoalError(f"{out}: cannot export the model as {format}: {type(error).__name__}: "
+                         f"{first_line(error)}") from None
+    finally:
+        temporary.unlink(missing_ok=True)
+    return out
+
+
+def _check_extra(format: str) -> None:
+    if format not in EXTRAS:
+        return
+    module, extra = EXTRAS[format]
+    try:
+        __import__(module)
+    except ImportError:
+        raise ConfigError(f"--format {format}: needs the {module} package: pip install '{extra}'") from None
+
+
+def stored_rows_model(model: nn.Module, artifact: dict) -> tuple[StoredRows, torch.Tensor]:
+    """The model taking stored rows, and two example rows (zeros in the stored dtype)."""
+    input_shape = artifact["spec"]["input"]
+    dtype = np.dtype(artifact.get("feature_dtype", "float32"))
+    wrapped = StoredRows(model.eval(), feature_scale(dtype), input_shape).eval()
+    example = torch.from_numpy(np.zeros((2, math.prod(input_shape)), dtype=dtype))
+    return wrapped, example
+
+
+@torch.no_grad()
+def write_torchscript(model: nn.Module, artifact: dict, path: Path) -> None:
+    wrapped, example = stored_rows_model(model, artifact)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        traced = torch.jit.trace(wrapped, example)
+    traced.save(str(path))
+
+
+@torch.no_grad()
+def write_onnx(model: nn.Module, artifact: dict, path: Path) -> None:
+    """Through torch's TorchScript-based exporter: it needs no onnxscript and gives the same graph each time."""
+    wrapped, example = stored_rows_model(model, artifact)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(None):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(wrapped, (example,), str(path), dynamo=False, input_names=["rows"],
+                          output_names=["outputs"], dynamic_axes={"rows": {0: "batch"}, "outputs": {0: "batch"}})
+
+
+def write_safetensors(model: nn.Module, artifact: dict, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    metadata = {"format": "pt", "shoal.spec": json.dumps(artifact["spec"]), "shoal.loss": artifact["loss"],
+                "shoal.classes": json.dumps(artifact.get("classes")),
+                "shoal.feature_dtype": str(artifact.get("feature_dtype", "float32"))}
+    if artifact.get(TRAINING_SET) is not None:
+        metadata["shoal.training_set"] = json.dumps(artifact[TRAINING_SET], default=str)
+    save_file({name: tensor.contiguous() for name, tensor in model.state_dict().items()}, str(path), metadata)
+
+
+WRITERS = {"torchscript": write_torchscript, "onnx": write_onnx, "safetensors": write_safetensors}
