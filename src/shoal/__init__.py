@@ -20,7 +20,7 @@ _EXPORTS = {
     "load_job": "shoal.jobs",
     "ShoalError": "shoal.errors",
     "load_model": "shoal.train.artifacts",
-    "predict": "shoal.train.artifacts",
+    "predict": "shoal.train.predictions",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

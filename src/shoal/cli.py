@@ -155,8 +155,10 @@ def command_import(args: argparse.Namespace) -> int:
 
     dataset = import_dataset(args.source, args.out, args.format, n_features=args.n_features, label=args.label,
                              features=args.features, categorical=args.categorical, encoding_from=args.encoding_from,
-                             classes=args.classes, rows_per_file=args.rows_per_file, overwrite=args.force)
-    print(f"{args.out}: {dataset.rows:,} rows, sample shape {list(dataset.shape)}, classes {dataset.classes}")
+                             classes=args.classes, rows_per_file=args.rows_per_file, overwrite=args.force,
+                             unlabeled=args.unlabeled)
+    classes = dataset.classes if dataset.labeled else "none (unlabeled)"
+    print(f"{args.out}: {dataset.rows:,} rows, sample shape {list(dataset.shape)}, classes {classes}")
     return 0
 
 
@@ -177,7 +179,8 @@ def command_synth(args: argparse.Namespace) -> int:
     else:
         dataset = synthetic.synth_digits(args.out, args.rows, seed=args.seed, task_seed=args.task_seed,
                                          overwrite=args.force)
-    print(f"{args.out}: {dataset.rows:,} rows, sample shape {list(dataset.shape)}, classes {dataset.classes}")
+    classes = dataset.classes if dataset.labeled else "none (unlabeled)"
+    print(f"{args.out}: {dataset.rows:,} rows, sample shape {list(dataset.shape)}, classes {classes}")
     return 0
 
 
@@ -219,9 +222,10 @@ def command_sample(args: argparse.Namespace) -> int:
 
 
 def command_predict(args: argparse.Namespace) -> int:
-    from shoal.train.artifacts import predict
+    from shoal.train.predictions import predict
 
-    rows = predict(args.run_dir, args.dataset, args.out, overwrite=args.overwrite, trust_code=args.trust_code)
+    rows = predict(args.run_dir, args.dataset, args.out, overwrite=args.overwrite, trust_code=args.trust_code,
+                   workers=args.workers, memory=args.memory)
     print(f"{args.out}: {rows:,} predictions")
     return 0
 
@@ -365,6 +369,8 @@ def parser() -> argparse.ArgumentParser:
     importer.add_argument("--label", help="csv, parquet: the label column, name or 0-based index (default: the last); "
                           "npy, idx: the labels file; hdf5: the labels dataset (default y or label)")
     importer.add_argument("--features", metavar="NAME", help="hdf5: the features dataset (default x or features)")
+    importer.add_argument("--unlabeled", action="store_true",
+                          help="npy: a features .npy alone, rows to predict (shoal predict), not to train on")
     importer.add_argument("--categorical", type=comma_list, metavar="COL[,COL...]",
                           help="csv, parquet: text columns to one-hot encode, names or 0-based indices")
     importer.add_argument("--encoding-from", metavar="DATASET_DIR",
@@ -420,6 +426,9 @@ def parser() -> argparse.ArgumentParser:
     predict.add_argument("dataset", help="a dataset folder")
     predict.add_argument("--out", required=True, help="output file (.parquet or .csv), outside the run directory")
     predict.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    predict.add_argument("--workers", type=int, default=1, help="processes sharing the rows (default 1)")
+    predict.add_argument("--memory", metavar="SIZE", help="what each process holds at once, like 256MB "
+                                                          "(the rows are read a batch at a time)")
     predict.add_argument("--trust-code", action="store_true",
                          help="build the model even if it is made by a model.factory or sent as a model.object "
                               "(loading it runs code named in the run directory)")

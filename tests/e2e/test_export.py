@@ -99,8 +99,8 @@ def test_a_missing_run_is_one_line(tmp_path, project_env):
 
 def test_a_missing_extra_names_the_pip_command(trained, tmp_path, project_env):
     run_dir, _, _ = trained
-    script = ("import sys; sys.modules['onnx'] = None; from shoal.cli import main; "
-              f"sys.exit(main(['export', {str(run_dir)!r}, '--format', 'onnx', '--out', {str(tmp_path / 'm.onnx')!r}]))")
+    arguments = ["export", str(run_dir), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]
+    script = f"import sys; sys.modules['onnx'] = None; from shoal.cli import main; sys.exit(main({arguments!r}))"
     finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=project_env,
                               timeout=TIMEOUT)
     assert finished.returncode == 2

@@ -76,6 +76,8 @@ class Dataset:
         self.features: int = math.prod(self.shape)
         self.feature_dtype = number_dtype(meta["feature_dtype"], f"{path}/{META_FILE}")
         self.classes: list | None = meta.get("classes")
+        self.labeled: bool = meta.get("labeled", True) is not False
+        """False for rows imported without a label: they can be predicted, not trained or tested on."""
         self.feature_names: list[str] | None = meta.get("feature_names")
         self.files = [FileInfo(f["name"], f["rows"], tuple(f["row_groups"])) for f in meta["files"]]
         self._filesystem, self._root = _filesystem(path, filesystem)
@@ -324,6 +326,7 @@ class DatasetWriter:
         extra_meta: dict[str, Any] | None = None,
         overwrite: bool = False,
         classes: list | None = None,
+        labeled: bool = True,
     ):
         if "://" in str(path):
             raise DataError(f"{path}: datasets are written to local folders (copy the folder to the store after)")
@@ -336,7 +339,8 @@ class DatasetWriter:
         self.rows_per_file = rows_per_file
         row_bytes = self.features * self.feature_dtype.itemsize
         self.row_group_size = row_group_size or max(1, min(65_536, ROW_GROUP_BYTES // row_bytes))
-        self.classification = classification
+        self.labeled = labeled  # without labels: rows to predict, not to train on
+        self.classification = classification and labeled
         self.feature_names = feature_names
         self.extra_meta = extra_meta or {}
         self.overwrite = overwrite
@@ -373,10 +377,12 @@ class DatasetWriter:
         else:
             self.abort()
 
-    def write(self, features: np.ndarray, labels: np.ndarray) -> None:
-        """Append rows: features (n, *shape) or (n, prod(shape)), labels (n,)."""
+    def write(self, features: np.ndarray, labels: np.ndarray | None = None) -> None:
+        """Append rows: features (n, *shape) or (n, prod(shape)), labels (n,) (None for an unlabeled dataset)."""
         features = np.ascontiguousarray(features, dtype=self.feature_dtype).reshape(len(features), self.features)
-        labels = np.asarray(labels)
+        if (labels is None) == self.labeled:
+            raise ValueError("labels are given exactly when the dataset is labeled")
+        labels = np.zeros(len(features), dtype=np.int8) if labels is None else np.asarray(labels)
         if len(labels) != len(features):
             raise ValueError("features and labels differ in length")
         if self.classification:
@@ -468,6 +474,7 @@ class DatasetWriter:
             "shape": list(self.shape),
             "feature_dtype": self.feature_dtype.name,
             "classes": classes,
+            **({} if self.labeled else {"labeled": False}),
             "feature_names": self.feature_names,
             "files": self._files,
             **self.extra_meta,

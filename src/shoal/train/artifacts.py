@@ -13,18 +13,12 @@ file unasked, nor one inside the run directory.
 from __future__ import annotations
 
 import math
-import uuid
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 import torch
 
 from shoal.data.compatible import check_compatible, schema
-from shoal.data.format import Dataset, open_dataset
-from shoal.data.loader import feature_scale
+from shoal.data.format import Dataset
 from shoal.durable import replace_durably
 from shoal.errors import ConfigError, DataError, ShoalError, first_line
 from shoal.model import Trust, build_model, check_trusted
@@ -119,68 +113,3 @@ def check_out(run_dir: str | Path, out: str | Path, overwrite: bool, what: str =
     if not overwrite and (out.exists() or out.is_symlink()):
         raise ShoalError(f"{out}: already exists; pass --overwrite (overwrite=True) to replace it")
     return out
-
-
-def write_predictions(table: pa.Table, out: Path, overwrite: bool) -> None:
-    """Write whole under a temporary name, then rename: a failed write leaves the old file, or none."""
-    temporary = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        if out.suffix == ".csv":
-            pacsv.write_csv(table, temporary)
-        else:
-            pq.write_table(table, temporary)
-        if not overwrite and (out.exists() or out.is_symlink()):  # appeared while predicting
-            raise ShoalError(f"{out}: already exists; pass --overwrite (overwrite=True) to replace it")
-        replace_durably(temporary, out)
-    except (OSError, pa.ArrowException) as error:
-        raise ShoalError(f"{out}: cannot write predictions: {first_line(error)}") from None
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
-def prediction_columns(model: torch.nn.Module, artifact: dict, dataset: Dataset, batch_size: int
-                       ) -> dict[str, np.ndarray]:
-    """One row per sample: the prediction, each class's probability, the true label."""
-    classes = artifact["classes"]
-    objective = Objective(artifact["loss"], None if classes is None else len(classes))
-    input_shape = artifact["spec"]["input"]
-    features, labels = dataset.read_all()
-    scale = feature_scale(features.dtype)
-    predicted, probabilities = [], []
-    for start in range(0, len(features), batch_size):
-        inputs = torch.from_numpy(features[start : start + batch_size]).float().mul_(scale)
-        outputs = model(inputs.reshape(len(inputs), *input_shape))
-        predicted.append(objective.predictions(outputs).numpy())
-        probability = objective.probabilities(outputs)
-        if probability is not None:
-            probabilities.append(probability.numpy())
-    columns: dict[str, np.ndarray] = {}
-    predicted_index = np.concatenate(predicted)
-    if classes is None:
-        return {"prediction": predicted_index, "label": labels}
-    columns["prediction"] = np.asarray(classes)[predicted_index]
-    stacked = np.concatenate(probabilities)
-    for index, name in enumerate(classes):
-        columns[f"probability_{name}"] = stacked[:, index]
-    if dataset.classes is not None:
-        columns["label"] = np.asarray(dataset.classes)[labels]
-    return columns
-
-
-@torch.no_grad()
-def predict(run_dir: str | Path, dataset_path: str, out: str | Path, batch_size: int = 8192, *,
-            overwrite: bool = False, trust_code: Trust = False) -> int:
-    """Write one row per sample (prediction, class probabilities, true label) to Parquet or CSV.
-
-    The dataset must match the model's training set (dtype, shape, feature names, encoding);
-    `out` is replaced only with `overwrite`, and never lies inside the run directory. A model
-    built by a factory runs code from the run directory: refused unless `trust_code`.
-    """
-    out = check_out(run_dir, out, overwrite)
-    path = Path(run_dir) / MODEL_FILE
-    artifact = load_artifact(run_dir)
-    model = rebuild(artifact, path, trust_code)  # refused here, before anything else, unless trusted
-    dataset = open_dataset(dataset_path)
-    check_dataset(artifact, dataset, path)
-    write_predictions(pa.table(prediction_columns(model, artifact, dataset, batch_size)), out, overwrite)
-    return dataset.rows

@@ -248,6 +248,10 @@ def prepare(job: JobConfig) -> Prepared:
     """Open the datasets, build the model once and check that it fits them."""
     train_set = open_dataset(job.data.train)
     test_set = open_dataset(job.data.test) if job.data.test else None
+    for key, dataset in (("data.train", train_set), ("data.test", test_set)):
+        if dataset is not None and not dataset.labeled:
+            raise ConfigError(f"{key}: {dataset.path} has no labels (imported without one): it can be predicted "
+                              "with `shoal predict`, not trained or tested on")
     if test_set is not None:
         check_compatible(test_set, schema(train_set), f"the training set {train_set.path}", TRAINING)
     spec = model_spec(job, train_set)

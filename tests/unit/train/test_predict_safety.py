@@ -15,8 +15,9 @@ from shoal.cli import main
 from shoal.data.compatible import TRAINING, first_difference, schema
 from shoal.data.format import DatasetWriter, open_dataset
 from shoal.errors import DataError, ShoalError
-from shoal.train.artifacts import load_artifact, predict, save_model
+from shoal.train.artifacts import load_artifact, save_model
 from shoal.train.objective import Objective
+from shoal.train.predictions import predict
 
 NAMES = ["age", "income", "height"]
 

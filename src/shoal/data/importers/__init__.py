@@ -61,6 +61,7 @@ def import_dataset(
     classes: Sequence[str] | None = None,
     rows_per_file: int = 1_000_000,
     overwrite: bool = False,
+    unlabeled: bool = False,
 ) -> Dataset:
     """Convert `source` (a `format` file) into the dataset folder `out` and open it.
 
@@ -70,7 +71,8 @@ def import_dataset(
     features `.npy` or IDX file, or the labels dataset of an HDF5 file, whose features dataset
     `features` names. `categorical` lists the table columns to one-hot encode (names or
     numbers); `encoding_from`, a dataset folder, makes a table encode as that dataset did.
-    `classes` lists the allowed labels: a row with any other label fails the import.
+    `classes` lists the allowed labels: a row with any other label fails the import. `unlabeled`
+    imports features alone (format npy: a features `.npy`), rows to predict rather than train on.
     """
     source, out = str(source), str(out)
     if format not in IMPORTERS:
@@ -81,6 +83,9 @@ def import_dataset(
     if rows_per_file < 1:
         raise DataError(f"{out}: rows_per_file must be at least 1, got {rows_per_file}")
     _check_format_options(source, format, features, categorical, encoding_from)
+    if unlabeled and (format != "npy" or label is not None or classes is not None):
+        raise DataError(f"{source}: unlabeled: a features .npy alone (format npy, no label or classes); "
+                        "other formats are imported with their label")
     # Checked here as well as in the writer so that a long first pass is not wasted.
     if os.path.exists(out) and not overwrite:
         raise DataError(f"{out}: already exists (choose another output folder)")
@@ -88,7 +93,7 @@ def import_dataset(
     encoding = None if encoding_from is None else Encoding.from_dataset(str(encoding_from))
     writer_options = {"rows_per_file": rows_per_file, "overwrite": overwrite, "declared": declared}
     request = ImportRequest(source, out, format, n_features, label, features, list(categorical or ()), encoding,
-                            writer_options)
+                            writer_options, unlabeled)
     IMPORTERS[format].load()(request)
     return open_dataset(out)
 

@@ -40,6 +40,7 @@ class ImportRequest:
     categorical: list[str]  # tables: the columns to one-hot encode
     encoding: Encoding | None  # tables: the reference encoding (encoding_from)
     writer_options: dict[str, Any]
+    unlabeled: bool = False  # rows to predict: features only
 
 
 def check_file(path: str) -> None:
@@ -58,10 +59,10 @@ class ImportWriter(DatasetWriter):
         self.locate = locate  # row number (0-based, source-wide) -> "file:line" or "file: row N"
         self.handed = 0
 
-    def write(self, features: np.ndarray, labels: np.ndarray) -> None:
-        if self.declared is not None:
+    def write(self, features: np.ndarray, labels: np.ndarray | None) -> None:
+        if self.declared is not None and labels is not None:
             self.declared.check(labels, self.handed, self.locate)
-        self.handed += len(labels)
+        self.handed += len(features)
         super().write(features, labels)
 
 

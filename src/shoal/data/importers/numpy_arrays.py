@@ -42,8 +42,12 @@ def import_file(request: ImportRequest) -> None:
 def _import_pair(request: ImportRequest) -> None:
     """A features `.npy` and the labels `.npy` that `request.label` names."""
     source, label = request.source, request.label
+    if request.unlabeled:
+        _import_features(request)
+        return
     if label is None:
-        raise DataError(f"{source}: a features .npy needs its labels: pass the labels .npy as label")
+        raise DataError(f"{source}: a features .npy needs its labels: pass the labels .npy as label "
+                        "(or import it unlabeled, to predict)")
     check_file(label)
     features = _load(source)
     labels = _load(label)
@@ -61,6 +65,20 @@ def _import_pair(request: ImportRequest) -> None:
         for start in range(0, len(features), rows):
             labels_chunk = np.asarray(labels[start : start + rows]).reshape(-1).astype(labels_dtype)
             writer.write(np.asarray(features[start : start + rows]), labels_chunk)
+
+
+def _import_features(request: ImportRequest) -> None:
+    """A features `.npy` alone: rows to predict."""
+    source = request.source
+    features = _load(source)
+    sample_shape = sample_shape_of(source, features.shape, features.dtype, request.n_features)
+    if len(features) == 0:
+        raise DataError(f"{source}: holds no samples: the source is empty")
+    rows = rows_per_chunk(sample_shape, features.dtype)
+    with import_writer(request.out, sample_shape, stored_dtype(features.dtype), request.writer_options,
+                       locate=row_locator(source), extra_meta=source_meta("npy", source), labeled=False) as writer:
+        for start in range(0, len(features), rows):
+            writer.write(np.asarray(features[start : start + rows]), None)
 
 
 def _load(path: str) -> np.ndarray:
