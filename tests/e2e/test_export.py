@@ -15,6 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import shoal
+from shoal.cli import main
 from shoal.data.format import open_dataset
 from tests.e2e.jobs import write_task
 
@@ -35,9 +36,14 @@ def trained(tmp_path_factory):
     return result.run_dir, rows[:50], expected
 
 
-def shoal_export(run_dir, *arguments, env):
+def shoal_export(run_dir, *arguments, env=None):
     return subprocess.run([sys.executable, "-m", "shoal", "export", str(run_dir), *map(str, arguments)],
                           capture_output=True, text=True, env=env, timeout=TIMEOUT)
+
+
+def export_here(run_dir, *arguments) -> int:
+    """`shoal export` in this process (its exit status): the command's own code without a new interpreter."""
+    return main(["export", str(run_dir), *map(str, arguments)])
 
 
 def test_torchscript_loads_in_plain_torch_without_shoal(trained, tmp_path, project_env):
@@ -55,20 +61,20 @@ def test_torchscript_loads_in_plain_torch_without_shoal(trained, tmp_path, proje
     assert np.allclose(np.array(json.loads(loaded.stdout)), expected, atol=1e-5)
 
 
-def test_onnx_runs_in_onnxruntime_with_any_batch(trained, tmp_path, project_env):
+def test_onnx_runs_in_onnxruntime_with_any_batch(trained, tmp_path):
     run_dir, rows, expected = trained
     out = tmp_path / "model.onnx"
-    assert shoal_export(run_dir, "--format", "onnx", "--out", out, env=project_env).returncode == 0
+    assert export_here(run_dir, "--format", "onnx", "--out", out) == 0
     session = onnxruntime.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     for count in (1, 50):  # a dynamic batch dimension
         (outputs,) = session.run(None, {"rows": rows[:count]})
         assert np.allclose(outputs, expected[:count], atol=1e-5)
 
 
-def test_safetensors_holds_the_weights_and_the_spec(trained, tmp_path, project_env):
+def test_safetensors_holds_the_weights_and_the_spec(trained, tmp_path):
     run_dir, _, _ = trained
     out = tmp_path / "model.safetensors"
-    assert shoal_export(run_dir, "--format", "safetensors", "--out", out, env=project_env).returncode == 0
+    assert export_here(run_dir, "--format", "safetensors", "--out", out) == 0
     weights = load_file(str(out))
     for name, tensor in shoal.load_model(run_dir).state_dict().items():
         assert torch.equal(weights[name], tensor), name
@@ -82,27 +88,23 @@ def test_safetensors_holds_the_weights_and_the_spec(trained, tmp_path, project_e
     (["--format", "pickle"], "--format: must be one of torchscript, onnx, safetensors, got 'pickle'"),
     (["--format", "onnx", "--out", "RUN/model.onnx"], "inside the run directory"),
 ])
-def test_refusals_are_one_line_with_status_2(trained, tmp_path, project_env, arguments, message):
+def test_refusals_are_one_line_with_status_2(trained, tmp_path, capsys, arguments, message):
     run_dir, _, _ = trained
     arguments = [str(argument).replace("RUN", str(run_dir)) for argument in arguments]
-    finished = shoal_export(run_dir, *arguments, env=project_env)
-    assert finished.returncode == 2 and message in finished.stderr
-    assert len(finished.stderr.strip().splitlines()) == 1
+    assert export_here(run_dir, *arguments) == 2
+    error = capsys.readouterr().err
+    assert message in error and len(error.strip().splitlines()) == 1
 
 
-def test_a_missing_run_is_one_line(tmp_path, project_env):
-    finished = shoal_export(tmp_path / "nowhere", "--format", "torchscript", "--out", tmp_path / "m.pt",
-                            env=project_env)
-    assert finished.returncode == 2 and "no trained model" in finished.stderr
+def test_a_missing_run_is_one_line(tmp_path, capsys):
+    assert export_here(tmp_path / "nowhere", "--format", "torchscript", "--out", tmp_path / "m.pt") == 2
+    assert "no trained model" in capsys.readouterr().err
     assert not (tmp_path / "m.pt").exists()
 
 
-def test_a_missing_extra_names_the_pip_command(trained, tmp_path, project_env):
+def test_a_missing_extra_names_the_pip_command(trained, tmp_path, capsys, monkeypatch):
     run_dir, _, _ = trained
-    arguments = ["export", str(run_dir), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]
-    script = f"import sys; sys.modules['onnx'] = None; from shoal.cli import main; sys.exit(main({arguments!r}))"
-    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=project_env,
-                              timeout=TIMEOUT)
-    assert finished.returncode == 2
-    assert finished.stderr.strip() == ("shoal: error: --format onnx: needs the onnx package: "
-                                       "pip install 'shoal[onnx]'")
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if not installed
+    assert export_here(run_dir, "--format", "onnx", "--out", tmp_path / "m.onnx") == 2
+    assert capsys.readouterr().err.strip() == ("shoal: error: --format onnx: needs the onnx package: "
+                                               "pip install 'shoal[onnx]'")

@@ -1,5 +1,5 @@
 """train.scheduler and train.clip_norm in the runner: the rates torch's own loop gives, a bit-identical
-resume mid-schedule, clipping, and one-line errors."""
+resume mid-schedule (with accumulation, bf16 and a patience count too), clipping, and one-line errors."""
 
 from __future__ import annotations
 
@@ -63,8 +63,12 @@ def test_a_scheduler_sets_the_rates_torch_does(tmp_path, name, arguments, per_st
     assert rates == torch_rates(name, arguments, steps, per_step)
 
 
-def test_a_resume_mid_schedule_ends_with_the_weights_of_an_uninterrupted_job(tmp_path):
-    schedule = {"scheduler": {"name": "OneCycleLR", "max_lr": 0.05, "total_steps": 36}, "clip_norm": 0.5}
+@pytest.mark.parametrize("schedule", [
+    {"scheduler": {"name": "OneCycleLR", "max_lr": 0.05, "total_steps": 36}, "clip_norm": 0.5},
+    {"scheduler": {"name": "ReduceLROnPlateau", "patience": 0, "factor": 0.5}, "accumulate": 5},
+    {"precision": "bf16", "accumulate": "epoch", "stop": {"metric": "test_loss", "patience": 5}},
+], ids=["one-cycle-clipped", "plateau-accumulated", "bf16-batch-mode-patience"])
+def test_a_resume_mid_schedule_ends_with_the_weights_of_an_uninterrupted_job(tmp_path, schedule):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     whole.mkdir()
     parts.mkdir()
