@@ -24,6 +24,17 @@ def write_task(folder: Path, rows: int = 6000, test_rows: int = 1000) -> tuple[P
     return paths[0], paths[1]
 
 
+def train_small(folder: Path) -> tuple[Path, Path]:
+    """A small two-class job trained for one epoch by one worker: (its run directory, its test set)."""
+    import shoal
+
+    train, test = write_task(folder, rows=2000, test_rows=200)
+    job = {"model": {"layers": [{"dense": 16, "activation": "relu"}, {"dense": 2}]},
+           "data": {"train": str(train), "test": str(test)}, "train": {"epochs": 1, "batch_size": 64},
+           "output": {"progress": "none"}, "checkpoint": {"every": 0}}
+    return shoal.fit(job, workers=1, run_dir=folder / "run").run_dir, test
+
+
 MODEL = 'layers = [{ dense = 32, activation = "relu" }, { dropout = 0.1 }, { dense = 2 }]'
 
 

@@ -17,23 +17,18 @@ from safetensors.torch import load_file
 import shoal
 from shoal.cli import main
 from shoal.data.format import open_dataset
-from tests.e2e.jobs import write_task
+from tests.e2e.jobs import train_small
 
 TIMEOUT = 120
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("export")
-    train, test = write_task(folder, rows=2000, test_rows=200)
-    job = {"model": {"layers": [{"dense": 16, "activation": "relu"}, {"dense": 2}]},
-           "data": {"train": str(train), "test": str(test)}, "train": {"epochs": 1, "batch_size": 64},
-           "output": {"progress": "none"}, "checkpoint": {"every": 0}}
-    result = shoal.fit(job, workers=1, run_dir=folder / "run")
+    run_dir, test = train_small(tmp_path_factory.mktemp("export"))
     rows, _ = open_dataset(str(test)).read_all()
     with torch.no_grad():
-        expected = result.model(torch.from_numpy(rows[:50])).numpy()
-    return result.run_dir, rows[:50], expected
+        expected = shoal.load_model(run_dir)(torch.from_numpy(rows[:50])).numpy()
+    return run_dir, rows[:50], expected
 
 
 def shoal_export(run_dir, *arguments, env=None):

@@ -13,7 +13,7 @@ import pytest
 import shoal
 from shoal.data.importers import import_dataset
 from shoal.errors import ConfigError, DataError
-from tests.e2e.jobs import FEATURES, write_task
+from tests.e2e.jobs import FEATURES, train_small
 
 ROWS, BUDGET = 20_000, 64 * 1024  # 1.6 MB of features against 64 kB at a time
 
@@ -21,11 +21,7 @@ ROWS, BUDGET = 20_000, 64 * 1024  # 1.6 MB of features against 64 kB at a time
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     folder = tmp_path_factory.mktemp("scale")
-    train, test = write_task(folder, rows=2000, test_rows=200)
-    job = {"model": {"layers": [{"dense": 16, "activation": "relu"}, {"dense": 2}]},
-           "data": {"train": str(train), "test": str(test)}, "train": {"epochs": 1, "batch_size": 64},
-           "output": {"progress": "none"}, "checkpoint": {"every": 0}}
-    run_dir = shoal.fit(job, workers=1, run_dir=folder / "run").run_dir
+    run_dir, _ = train_small(folder)
     rows = np.random.default_rng(5).normal(size=(ROWS, FEATURES)).astype(np.float32)
     np.save(folder / "rows.npy", rows)
     unlabeled = import_dataset(folder / "rows.npy", folder / "unlabeled", "npy", unlabeled=True)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from shoal.data.format import Dataset, DatasetWriter, open_dataset
+from shoal.data.importers.common import stored_dtype
 from shoal.errors import ConfigError, DataError
 
 CHUNK_ROWS = 8192  # rows of a torch Dataset gathered before each write
@@ -51,11 +52,6 @@ def _numpy(value: Any, where: str) -> np.ndarray:
     return array
 
 
-def _stored(features: np.ndarray) -> np.dtype:
-    """uint8 (images) and float32 are kept; every other number type becomes float32, as the importers do."""
-    return features.dtype if features.dtype in (np.dtype(np.uint8), np.dtype(np.float32)) else np.dtype(np.float32)
-
-
 def _write_arrays(features: np.ndarray, labels: np.ndarray, out: str, where: str) -> Dataset:
     if features.ndim == 0 or len(features) == 0:
         raise ConfigError(f"{where}: holds no samples")
@@ -84,7 +80,7 @@ def _write_chunks(chunks, out: str, where: str) -> Dataset:
     if features.dtype.kind not in "biuf":
         raise ConfigError(f"{where}: features have dtype {features.dtype}; expected numbers")
     try:
-        with DatasetWriter(out, features.shape[1:] or (1,), _stored(features)) as writer:
+        with DatasetWriter(out, features.shape[1:] or (1,), stored_dtype(features.dtype)) as writer:
             writer.write(features, labels)
             for features, labels in chunks:
                 writer.write(features, labels)

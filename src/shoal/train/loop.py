@@ -7,6 +7,8 @@ algorithm's collectives took) and compute (forward, backward and update).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import time
 from dataclasses import astuple, dataclass
@@ -65,8 +67,8 @@ class Trainer:
         self.global_step = 0  # steps taken, across epochs
         self.epoch = 0  # the epoch in progress (or last run), from 0
         self.synchronize = (lambda: torch.cuda.synchronize()) if loader.device.type == "cuda" else (lambda: None)
-        self.autocast = lambda: torch.autocast(loader.device.type, dtype=torch.bfloat16,
-                                               enabled=precision == "bf16")
+        self.autocast = (functools.partial(torch.autocast, loader.device.type, dtype=torch.bfloat16)
+                         if precision == "bf16" else contextlib.nullcontext)  # fp32 steps enter nothing
         self.group_rows = 0  # rows whose gradients are summed in, not yet applied
 
     def train_epoch(self, epoch: int) -> EpochStats:

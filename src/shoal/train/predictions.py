@@ -111,19 +111,20 @@ def predict(run_dir: str | Path, dataset_path: str, out: str | Path, batch_size:
     rows_per_batch = min(batch_size or BATCH_ROWS, batch_rows(dataset, memory))
     parts = Path(tempfile.mkdtemp(prefix=f".{out.name}.parts-", dir=out.parent))
     try:
-        names = [str(parts / f"part-{index:05d}.parquet") for index in range(len(ranges(dataset.rows, workers)))]
-        run_parts(str(run_dir), str(dataset_path), dataset.rows, workers, names, rows_per_batch, trust_code)
+        shares = ranges(dataset.rows, workers)
+        names = [str(parts / f"part-{index:05d}.parquet") for index in range(len(shares))]
+        run_parts(str(run_dir), str(dataset_path), shares, names, rows_per_batch, trust_code)
         join_parts(names, out, overwrite)
     finally:
         shutil.rmtree(parts, ignore_errors=True)
     return dataset.rows
 
 
-def run_parts(run_dir: str, dataset_path: str, rows: int, workers: int, names: list[str], rows_per_batch: int,
-              trust_code: Trust) -> None:
-    """Each range by its own process (here, with one worker)."""
+def run_parts(run_dir: str, dataset_path: str, shares: list[tuple[int, int]], names: list[str],
+              rows_per_batch: int, trust_code: Trust) -> None:
+    """Each range by its own process (here, with one range)."""
     work = [(run_dir, dataset_path, start, stop, name, rows_per_batch, trust_code)
-            for (start, stop), name in zip(ranges(rows, workers), names, strict=True)]
+            for (start, stop), name in zip(shares, names, strict=True)]
     if len(work) == 1:
         predict_range(*work[0])
         return

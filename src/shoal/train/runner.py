@@ -213,12 +213,11 @@ class Runner:
     def end_epoch(self, epoch: int, stats: EpochStats) -> None:
         """Every rank's statistics to the coordinator (which evaluates and records), then the checkpoint."""
         gathered = self.comm.all_gather(stats.as_tensor())
+        per_rank = [EpochStats.from_tensor(gathered[rank]) for rank in self.trainers]
         if self.schedule is not None:  # every rank steps with the same loss: the mean over all trainers
-            trained = [EpochStats.from_tensor(gathered[rank]) for rank in self.trainers]
-            self.schedule.after_epoch(sum(s.loss_sum for s in trained) / max(sum(s.rows for s in trained), 1))
+            self.schedule.after_epoch(sum(s.loss_sum for s in per_rank) / max(sum(s.rows for s in per_rank), 1))
         reason = None
         if self.coordinator is not None:
-            per_rank = [EpochStats.from_tensor(gathered[rank]) for rank in self.trainers]
             record = self.coordinator.end_epoch(epoch, self.epoch_loop.global_step, per_rank, self.trainers,
                                                 [self.hosts[rank] for rank in self.trainers], self.algorithm)
             reason = self.stopping.decide(epoch, epoch_metrics(record))
