@@ -8,19 +8,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
+import json
 import os
 import sys
+import time
+import traceback
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import choose_device, get_dist_info, init_process_group, threads_per_worker
 from shoal.cluster.environments import Slurm
 from shoal.cluster.orphan import end_with_parent, under_shoal_launcher
 from shoal.cluster.requeue import EXIT_REQUEUED, EpochEndStop, StopRequested, requeue
+from shoal.durable import write_bytes_durably
 from shoal.errors import ShoalError, first_line
 from shoal.events import JobEnd, append_event
 from shoal.jobs import load_job
@@ -102,12 +106,11 @@ def stop_for_requeue(info, run_dir: Path, recorder, stopped: StopRequested) -> N
 
 def main(argv: list[str] | None = None) -> int:
     """Run, recording a failure where the elastic launcher reads it (rank, host, message)."""
-    handler = ErrorHandler()
-    handler.initialize()
+    faulthandler.enable(all_threads=True)  # a crash in native code still prints every thread's stack
     try:
         run(argv)
     except ShoalError as error:
-        handler.record_exception(error)
+        record_failure(error)
         print(f"shoal worker {os.environ.get('RANK', '0')}: error: {error}", file=sys.stderr, flush=True)
         return error.exit_code
     except StopRequested:
@@ -115,9 +118,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as error:
-        handler.record_exception(error)
+        record_failure(error)
         raise
     return 0
+
+
+def record_failure(error: BaseException) -> None:
+    """The failure, as torch's elastic agent reads it from TORCHELASTIC_ERROR_FILE, written whole or not at all:
+    torch's own writer truncates the file first, and a worker stopped between the two (the agent stops the
+    others when one dies) left an empty file that the agent's own reader then crashed on, ending the job
+    instead of restarting it."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    message = {"message": f"{type(error).__name__}: {error}",
+               "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))}}
+    with contextlib.suppress(OSError):  # the failure itself is what matters; it is printed either way
+        write_bytes_durably(path, json.dumps({"message": message}).encode())
 
 
 if __name__ == "__main__":

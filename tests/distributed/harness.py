@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from shoal.process import end_process
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -29,6 +31,8 @@ def _entry(rank: int, world_size: int, port: int, folder: str, function, args) -
         torch.save(result, Path(folder) / f"result-{rank}.pt")
     finally:
         dist.destroy_process_group()
+    # as shoal's workers do: a thread gloo left can abort the interpreter's teardown after the work is saved
+    end_process(0)
 
 
 def run_processes(function, world_size: int, *args, timeout: float = 90.0, entry=_entry) -> list:

@@ -21,6 +21,7 @@ from shoal.cluster.env import DistInfo, choose_device, init_process_group
 from shoal.data.format import open_dataset
 from shoal.data.loader import ShardLoader
 from shoal.data.partition import steps_per_epoch
+from shoal.process import end_process
 from shoal.train.loop import Trainer
 from shoal.train.objective import Objective
 from tests.distributed.common import CLASSES, small_model, write_dataset
@@ -49,6 +50,7 @@ def _join_on_gpu(rank: int, world_size: int, port: int, folder: str, function, a
         torch.save(result, Path(folder) / f"result-{rank}.pt")
     finally:
         dist.destroy_process_group()
+    end_process(0)  # as the harness's entry: no interpreter teardown after the result is saved
 
 
 def serve_or_train(rank, world_size, device, path, name, options):

@@ -1,7 +1,8 @@
 """Launching without processes: the rendezvous endpoint, and turning worker failures into one message.
 
 `describe_failure` is fed torch's own ChildFailedError and ProcessFailure objects; a worker that
-raised leaves an error file in the format torch's ErrorHandler.record_exception writes. Its
+raised leaves an error file in the format torch's ErrorHandler.record_exception writes (shoal's
+worker writes the same, whole or not at all). Its
 `consequence` tells the leader whether this node holds the cause or only felt another's failure.
 """
 
@@ -21,6 +22,7 @@ from shoal.cluster.rendezvous import DEFAULT_PORT, Nodes
 from shoal.cluster.signals import Interrupted
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
 from shoal.events import WorkerFailed
+from shoal.worker import record_failure
 
 HOST = socket.gethostname()
 
@@ -76,7 +78,7 @@ class Failures:
         self.folder.mkdir(exist_ok=True)
 
     def raised(self, rank: int, message: str, exitcode: int = 1, when: int | None = None) -> ProcessFailure:
-        """A worker whose exception was recorded (shoal.worker records with torch's ErrorHandler)."""
+        """A worker whose exception was recorded (shoal.worker.record_failure, in torch's format)."""
         path = self.folder / f"error-{rank}.json"
         stamp = int(time.time()) if when is None else when
         extra = {"py_callstack": "Traceback ...", "timestamp": str(stamp)}
@@ -99,17 +101,43 @@ def describe(failures: dict) -> WorkerError:
 
 
 def test_error_files_in_the_format_torch_writes_are_read(tmp_path, monkeypatch, failures):
-    # the test's error file matches what torch's ErrorHandler writes for a worker's exception
-    written = tmp_path / "recorded.json"
+    # the test's error file and shoal's worker's match what torch's ErrorHandler writes for an exception
+    recorded = {}
+    for writer in ("torch", "shoal"):
+        written = tmp_path / f"recorded-{writer}.json"
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(written))
+        try:
+            raise ValueError("bad row 7")
+        except ValueError as error:
+            ErrorHandler().record_exception(error) if writer == "torch" else record_failure(error)
+        recorded[writer] = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(written)).message
+    ours = failures.raised(0, "ValueError: bad row 7").message
+    assert recorded["torch"]["message"] == recorded["shoal"]["message"] == ours["message"] == "ValueError: bad row 7"
+    assert set(recorded["torch"]["extraInfo"]) == set(recorded["shoal"]["extraInfo"]) == set(ours["extraInfo"])
+    assert "bad row 7" in recorded["shoal"]["extraInfo"]["py_callstack"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["errors", "recorded-shoal.json", "recorded-torch.json"]
+
+
+def test_a_failure_is_recorded_by_renaming_a_whole_file_into_place(tmp_path, monkeypatch):
+    """The agent reads the file of every failed worker; torch's writer truncates it first, so a worker stopped
+    mid-write left an empty file and the agent crashed on it. shoal's never opens the file itself."""
+    written = tmp_path / "error.json"
+    written.write_text("an earlier failure's file")
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(written))
-    try:
-        raise ValueError("bad row 7")
-    except ValueError as error:
-        ErrorHandler().record_exception(error)
-    recorded = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(written))
-    ours = failures.raised(0, "ValueError: bad row 7")
-    assert recorded.message["message"] == ours.message["message"] == "ValueError: bad row 7"
-    assert set(recorded.message["extraInfo"]) == set(ours.message["extraInfo"])
+    opened = []
+    real_open = open
+
+    def watching_open(path, *args, **kwargs):
+        opened.append(str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", watching_open)
+    record_failure(RuntimeError("gloo: connection closed by peer"))
+    assert str(written) not in opened
+    assert json.loads(written.read_text())["message"]["message"] == "RuntimeError: gloo: connection closed by peer"
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE")
+    record_failure(RuntimeError("not under torch's agent"))  # nowhere to write: nothing written, no error
+    assert [path.name for path in tmp_path.iterdir()] == ["error.json"]
 
 
 def test_a_single_raised_worker_gives_its_first_line_and_failure(failures):
