@@ -9,7 +9,7 @@ on MNIST-shaped digits), and the mean of its epochs after the first (at least 2 
 enough to add up to 3 s) is compared with the prediction.
 Downpour needs a server and a trainer, so it has no one-host row. Needs root, `ip`, `tc`, 2 cores.
 
-    .venv/bin/python -m benchmarks.plan            # about 15 minutes on 2 cores
+    .venv/bin/python -m benchmarks.plan            # about 30 minutes on 2 cores
     .venv/bin/python -m benchmarks.plan --quick    # one model, batch 128, 1gbit and 10mbit
 """
 

@@ -97,3 +97,7 @@ def test_a_plan_predicts_a_two_host_sync_epoch_on_a_slow_and_a_fast_link(project
     slow, fast = found["10mbit"], found["1gbit"]
     # per row, the slow link costs many times the fast one, and the plan knew it
     assert slow[0] / RATES["10mbit"] > 5 * fast[0] / RATES["1gbit"]
+    # the compute probe measured what a worker back from a network wait pays, rising with the wait
+    table = json.loads(profile.read_text())["compute"]["resume_seconds"]
+    resume = [table[wait] for wait in sorted(table, key=float)]
+    assert len(resume) == 5 and resume == sorted(resume)

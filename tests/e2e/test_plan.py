@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,7 +13,7 @@ from shoal.plan.calibrate import model_key_of
 from shoal.plan.costs import Link
 from shoal.plan.planner import job_shape
 from shoal.plan.predict import Layout, predict
-from shoal.plan.profile import Compute, Network, Profile
+from shoal.plan.profile import Compute, Network, Profile, load_profile
 from tests.e2e.jobs import write_task
 
 
@@ -106,3 +107,31 @@ def test_a_bad_profile_is_one_line_and_exit_2(planned, capsys, tmp_path):
     (tmp_path / "bad.json").write_text("[]")
     assert main(["plan", str(job_path), "--profile", str(tmp_path / "bad.json")]) == 2
     assert "bad.json: format" in capsys.readouterr().err
+
+
+def test_a_measured_profile_gains_the_loop_factor_at_a_new_batch_size(planned, capsys, tmp_path, monkeypatch):
+    """The real loop is timed again only at a batch size the profile has no factor for (here a stand-in for
+    the short real job, whose own run is tests/cluster/test_plan.py's); a described profile is kept as it is."""
+    from shoal.plan import compute_probe
+
+    job_path, profile_path, profile = planned
+    timed_batches = []
+
+    def real_loop(job, threads):
+        timed_batches.append(job.train.batch_size)
+        return 4.0, 0.0025  # start-up, and one real step at batch 64 (probed: 0.002)
+
+    monkeypatch.setattr(compute_probe, "measure_loop", real_loop)
+    measured = dataclasses.replace(profile.compute, loop_factors={256: 1.1})
+    Profile(machine=profile.machine, compute=measured, network=profile.network).save(profile_path)
+    saved = tmp_path / "grown.json"
+    for _ in range(2):  # the second plan finds batch 64 in the profile it saved
+        assert main(["plan", str(job_path), "--profile", str(saved if saved.exists() else profile_path),
+                     "--save-profile", str(saved), "--nodes", "1", "--json"]) == 0
+    assert timed_batches == [64]
+    assert load_profile(saved).compute.loop_factors == {256: 1.1, 64: pytest.approx(1.25)}
+    described = tmp_path / "described.json"
+    profile.save(described)  # no loop factors: taken as given
+    assert main(["plan", str(job_path), "--profile", str(described), "--nodes", "1", "--json"]) == 0
+    assert timed_batches == [64]
+    capsys.readouterr()

@@ -1,10 +1,12 @@
 """Calibration: the profile a plan needs, measured where it can be and described where the user says so.
 
 Compute is measured here for the job's model (a profile measured on another model is not
-reused for it). A saved profile's network is reused; otherwise the network is measured between
-the first two of the given hosts, each rank started through the cluster's remote command, and
-loopback (workers of one machine) on the first host when several workers share a machine. A
-link the user describes (`--link 1gbit --latency 0.1ms`) is taken as given.
+reused for it), and the real training loop at the job's batch size (a measured profile gains
+one loop factor per batch size it is planned at). A saved profile's network is reused;
+otherwise the network is measured between the first two of the given hosts, each rank started
+through the cluster's remote command, and loopback (workers of one machine) on the first host
+when several workers share a machine. A link the user describes (`--link 1gbit --latency
+0.1ms`) is taken as given.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from shoal.bench.machine import describe
 from shoal.cluster.remote import remote_command
 from shoal.config import JobConfig
 from shoal.errors import ConfigError
-from shoal.plan.compute_probe import measure_compute, model_key
+from shoal.plan.compute_probe import measure_compute, model_key, with_loop_at
 from shoal.plan.costs import Link
 from shoal.plan.network_probe import links, probe_command, probe_sizes, run_pair
 from shoal.plan.profile import Network, Profile
@@ -82,6 +84,9 @@ def calibrate(job: JobConfig, profile: Profile | None, *, threads: int, hosts: l
         print(f"shoal plan: measuring this machine's compute for the job's model ({threads} thread(s))",
               file=sys.stderr)
         compute = measure_compute(job, threads)
+    elif compute.loop_factors and job.train.batch_size not in compute.loop_factors:  # measured, not described
+        print(f"shoal plan: measuring the training loop at batch {job.train.batch_size}", file=sys.stderr)
+        compute = with_loop_at(compute, job, threads)
     network = described or profile.network
     if network is None and hosts and len(hosts) > 1:
         network = measure_network(hosts, job.cluster.remote, job.cluster.port, per_node, 4 * compute.parameters)

@@ -4,14 +4,17 @@ The planner prices communication from first principles, but compute only from me
 steps of the job's own model on rows of its own training set (sliced and converted as the
 loader does), at a ladder of batch sizes; the optimizer's step; a flat copy (packing
 messages); evaluation's forward pass; the store's read rate; the spread between two workers'
-step times (what a per-step collective waits for). Then one short real job of the model (one
-worker, rows drawn from its training set) gives the start-up every job pays and the real loop's
-step, which scales the probed steps: the loop's own per-step work is measured, not guessed.
+step times (what a per-step collective waits for); a step after idle waits of 1 to 256 ms (what
+a worker back from the network pays: its caches went cold while it waited). Then one short real
+job of the model (one worker, rows drawn from its training set) gives the start-up every job
+pays and the real loop's step, which scales the probed steps: the loop's own per-step work is
+measured, not guessed.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import random
@@ -34,6 +37,8 @@ PROBE_ROWS = 100_000  # rows read for the probe: batches gathered from as large 
 BATCH_LADDER = (16, 64, 256, 1024, 4096)
 TIMED_SECONDS = 0.6  # per measured quantity, after warm-up
 BLOCKS = 3  # rounds a step is timed in, apart in time
+RESUME_WAITS = (0.001, 0.004, 0.016, 0.064, 0.256)  # seconds idle before a step, as a network wait leaves it
+RESUME_SECONDS = 0.4  # per wait, about (at least 3 samples)
 
 
 def timed(work, seconds: float = TIMED_SECONDS, at_least: int = 5, warm_up: int = 2) -> list[float]:
@@ -46,6 +51,16 @@ def timed(work, seconds: float = TIMED_SECONDS, at_least: int = 5, warm_up: int 
         work()
         samples.append(time.perf_counter() - start)
     return samples
+
+
+def cold_and_warm(work, wait: float) -> tuple[float, float]:
+    """Seconds of `work` right after `wait` seconds asleep, and of the same work right after it."""
+    time.sleep(wait)
+    began = time.perf_counter()
+    work()
+    middle = time.perf_counter()
+    work()
+    return middle - began, time.perf_counter() - middle
 
 
 def pair_spread(samples: list[float], pairs: int = 4000, seed: int = 0) -> float:
@@ -72,9 +87,9 @@ class ComputeProbe:
         self.parameters = sum(p.numel() for p in self.model.parameters())
         self.order = np.random.default_rng(0).permutation(self.loader.rows)
 
-    def step(self, batch: int) -> list[float]:
-        """Slicing and converting a batch, forward, backward, the optimizer's step and reading the loss, as
-        the training loop does."""
+    def step_work(self, batch: int):
+        """One step as the training loop takes it: slicing and converting a batch, forward, backward, the
+        optimizer's step and reading the loss."""
         starts = iter(range(0, 10**9, batch))
 
         def work() -> None:
@@ -87,7 +102,20 @@ class ComputeProbe:
             self.optimizer.step()
             loss.item()
 
-        return timed(work, seconds=TIMED_SECONDS / BLOCKS)
+        return work
+
+    def step(self, batch: int) -> list[float]:
+        return timed(self.step_work(batch), seconds=TIMED_SECONDS / BLOCKS)
+
+    def resume(self, batch: int) -> dict[float, float]:
+        """Seconds idle -> the step's extra time right after that long asleep (a worker back from waiting on
+        the network), over a step right after another; kept rising with the wait, as caches only get colder."""
+        work, found, highest = self.step_work(batch), {}, 0.0
+        for wait in RESUME_WAITS:
+            pairs = [cold_and_warm(work, wait) for _ in range(max(3, min(30, int(RESUME_SECONDS / (wait + 1e-3)))))]
+            highest = max(highest, _median([cold for cold, _ in pairs]) - _median([warm for _, warm in pairs]))
+            found[wait] = highest
+        return found
 
     def update(self) -> float:
         for parameter in self.model.parameters():
@@ -122,7 +150,8 @@ class ComputeProbe:
                        update_seconds=self.update(), copy_seconds_per_byte=self.copy_per_byte(),
                        evaluate_seconds_per_row=self.evaluate_per_row(),
                        load_rows_per_second=self.loader.rows / max(self.loader.load_seconds, 1e-9),
-                       startup_seconds=startup, step_spread=pair_spread([t for found in rounds for t in found[own]]))
+                       startup_seconds=startup, step_spread=pair_spread([t for found in rounds for t in found[own]]),
+                       resume_seconds=self.resume(own))
 
 
 def _median(samples: list[float]) -> float:
@@ -147,9 +176,25 @@ def measure_compute(job: JobConfig, threads: int) -> Compute:
         compute = probe.measure(batch_ladder(job.train.batch_size), startup)
     finally:
         probe.loader.close()
-    probed = compute.step(job.train.batch_size)
-    compute.loop_factor = min(max(real_step / probed, 0.5), 3.0) if probed > 0 else 1.0
+    compute.loop_factors = {job.train.batch_size: loop_factor(compute, job.train.batch_size, real_step)}
     return compute
+
+
+def with_loop_at(compute: Compute, job: JobConfig, threads: int) -> Compute:
+    """`compute`, with the real loop's factor at the job's batch size measured (a short real job) unless it
+    has one there: the loop's share of a step differs from one batch size to another."""
+    batch = job.train.batch_size
+    if batch in compute.loop_factors:
+        return compute
+    _, real_step = measure_loop(job, threads)
+    return dataclasses.replace(compute, loop_factors={**compute.loop_factors,
+                                                      batch: loop_factor(compute, batch, real_step)})
+
+
+def loop_factor(compute: Compute, batch: int, real_step: float) -> float:
+    """The real loop's step at `batch` over the probed one (kept within 0.5-3: beyond, a measurement failed)."""
+    probed = dataclasses.replace(compute, loop_factors={}).step(batch)
+    return min(max(real_step / probed, 0.5), 3.0) if probed > 0 else 1.0
 
 
 LOOP_STEPS = 100  # steps per epoch of the calibration job

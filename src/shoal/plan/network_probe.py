@@ -1,8 +1,9 @@
 """Measure the network between machines with the job's own transport: torch.distributed over gloo.
 
 Two ranks, started on two hosts through the cluster's remote command (`ssh {host}`) or both on
-this machine, time point-to-point messages (a ping-pong, halved) and all-reduces at a few sizes,
-each after a compute burst as a training step would send them, and compare the hosts' speed.
+this machine, time point-to-point messages (a ping-pong as a trainer and its server exchange,
+halved) and all-reduces at a few sizes, each after a compute burst as a training step would send
+them, and compare the hosts' speed.
 A straight line through each set of points gives the link as the planner prices it: a fixed cost
 per message (the wire's latency plus the software's per-message work) and a bandwidth. Rank 0
 prints the measurements as one JSON line.
@@ -29,11 +30,17 @@ from shoal.plan.costs import Link, ring_all_reduce
 SMALLEST = 4096  # bytes
 PROBE_SECONDS = 0.5  # per size and pattern, after warm-up
 MAX_REPEATS = 200
+# Bytes each direction carries at least, per size and pattern. A slow link's queue drops packets of a burst
+# now and then (10 Mbit/s here: 1 in 10 of a 127 kB message's), and each loss stalls its message by a
+# retransmission: 127 kB round trips timed for 0.5 s (3 of them) averaged 106 to 155 ms from one probe to
+# the next, for 5 s 123 ms, what a Downpour trainer pays. 4 MB is 3 s on 10 Mbit/s, within 0.5 s from 100.
+TRAFFIC_BYTES = 4_000_000
 PROBE_TIMEOUT = 300.0
 
 
-def repeat(work, seconds: float) -> float:
-    """The mean seconds of `work`, called as often as fit in `seconds` (at least 3 times, after a warm-up).
+def repeat(work, seconds: float, least: int = 3) -> float:
+    """The mean seconds of `work`, called as often as fit in `seconds` (at least `least` times, after a
+    warm-up).
     The mean, not the median: an epoch is a sum of steps, so the occasional stall (a thread that waits a
     scheduler's turn) costs it what it costs the mean. Both ranks agree on the count (the larger of their
     first timings decides), so collectives stay paired."""
@@ -45,7 +52,7 @@ def repeat(work, seconds: float) -> float:
     work()
     first = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
     dist.all_reduce(first, op=dist.ReduceOp.MAX)
-    count = int(min(max(seconds / max(first.item(), 1e-6), 3), MAX_REPEATS))
+    count = int(min(max(seconds / max(first.item(), 1e-6), least), MAX_REPEATS))
     samples = []
     for _ in range(count):
         start = time.perf_counter()
@@ -119,12 +126,18 @@ def measure_size(rank: int, size: int, burst, alone: float, seconds: float, resu
             dist.recv(buffer, 1)
         else:
             dist.recv(buffer, 0)
+            buffer.sum()  # a server reads the update before it answers (see below)
             dist.send(buffer, 0)
 
-    # a trainer computes, then sends and waits; its server only waits: rank 0 alone bursts
-    loaded = repeat(lambda: (burst() if rank == 0 else None, ping_pong()), seconds)
+    # A trainer computes, then sends and waits; its server waits, reads the update, answers: rank 0 alone
+    # bursts. Answering the very moment a receive returns stalls gloo on one-core hosts (a 127 kB round trip
+    # on 1 Gbit/s: 4.7 ms on average, half of them 7.4; any work between, even 5 µs, gives 2.2 ms, against
+    # 2.0 on the wire), and no server answers without reading what it got.
+    least = max(3, -(-TRAFFIC_BYTES // size))  # a ping-pong, like a 2-rank all-reduce, sends `size` each way
+    loaded = repeat(lambda: (burst() if rank == 0 else None, ping_pong()), seconds, least)
     results["loaded_message"][size] = (loaded - alone) / 2
-    results["loaded_all_reduce"][size] = repeat(lambda: (burst(), dist.all_reduce(buffer)), seconds) - alone
+    reduced = repeat(lambda: (burst(), dist.all_reduce(buffer)), seconds, least)
+    results["loaded_all_reduce"][size] = reduced - alone
 
 
 def main(argv: list[str] | None = None) -> int:

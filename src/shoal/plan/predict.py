@@ -136,9 +136,11 @@ def sync_costs(shape: Shape, layout: Layout, compute: Compute, network: Network)
     size = (shape.parameters + 1) * VALUE_BYTES
     exchange = ring_all_reduce(size, layout.workers)
     buffers = ring(shape.buffers * VALUE_BYTES, layout, network) if shape.buffers else 0.0
-    reduce = ring(size, layout, network) + spread(compute, layout.workers) if layout.workers > 1 else 0.0
-    return StepCosts(compute=compute.step(shape.batch) + 3 * copy_seconds(compute,
-                     shape.parameters) * (layout.workers > 1), round=reduce, round_bytes=exchange.bytes_sent,
+    if layout.workers <= 1:
+        return StepCosts(compute=compute.step(shape.batch))
+    reduce = ring(size, layout, network) + spread(compute, layout.workers)
+    return StepCosts(compute=compute.step(shape.batch) + 3 * copy_seconds(compute, shape.parameters)
+                     + compute.resume(reduce), round=reduce, round_bytes=exchange.bytes_sent,
                      epoch_communication=buffers)
 
 
@@ -171,16 +173,17 @@ def _rounds(shape: Shape, layout: Layout, compute: Compute, network: Network, va
         inside = Layout(1, max(1, layout.workers // max(1, shape.groups)))
         group_round = ring(size, inside, network) if layout.per_node >= inside.per_node else round_seconds
         wait = spread(compute, inside.per_node) * math.sqrt(group_period)
-        step += round_copies / group_period
+        step += (round_copies + compute.resume(group_round + wait)) / group_period
         communication = (group_round + wait) / group_period
     else:
         communication = 0.0
     if period == "epoch":
-        return StepCosts(compute=step, communication=communication, epoch_compute=round_copies,
+        return StepCosts(compute=step, communication=communication,
+                         epoch_compute=round_copies + compute.resume(round_seconds),
                          epoch_communication=round_seconds, epoch_bytes=sent)
     wait = spread(compute, layout.workers) * math.sqrt(period)
-    return StepCosts(compute=step + round_copies / period, communication=communication, round=round_seconds + wait,
-                     period=period, round_bytes=sent)
+    return StepCosts(compute=step + (round_copies + compute.resume(round_seconds + wait)) / period,
+                     communication=communication, round=round_seconds + wait, period=period, round_bytes=sent)
 
 
 def server_costs(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepCosts:
@@ -193,20 +196,25 @@ def server_costs(shape: Shape, layout: Layout, compute: Compute, network: Networ
     # a Downpour trainer does not step its own optimizer: it adds its gradients to the update instead
     local = 0.0 if shape.algorithm == "easgd" else copy_seconds(compute, shape.parameters) - compute.update_seconds
     work = every * max(compute.step(shape.batch) + local, 0.0) + 2 * copy_seconds(compute, shape.parameters)
-    think = work + 2 * link.latency
     # the server's link is shared: each message's time beyond the fixed per-message cost queues there
     services = [compute.update_seconds + 3 * copy_seconds(compute, shape.parameters),
                 max(link.seconds(update) - link.latency, 0.0), max(link.seconds(reply) - link.latency, 0.0)]
+    cycle, staleness = _server_cycle(shape, layout, compute, services, work + 2 * link.latency)
+    work += compute.resume(cycle - work)  # back from its wait, the trainer's caches are cold
+    cycle, staleness = _server_cycle(shape, layout, compute, services, work + 2 * link.latency)
+    return StepCosts(compute=work / every, round=cycle - work, period=every, round_bytes=update + reply,
+                     staleness=staleness)
+
+
+def _server_cycle(shape: Shape, layout: Layout, compute: Compute, services: list[float],
+                  think: float) -> tuple[float, float]:
+    """(a trainer's seconds from one exchange to the next, the staleness of its updates)."""
     clients = trainers(shape, layout)
     if shape.options.get("synchronous", False):
         combining = (clients - 1) * copy_seconds(compute, shape.parameters)  # the server sums the updates
-        cycle = think + clients * sum(services[1:]) + services[0] + combining
-        staleness = 0.0
-    else:
-        queue = closed_queue(services, think, clients)
-        cycle, staleness = queue.cycle, max(queue.throughput * queue.cycle - 1, 0.0)
-    return StepCosts(compute=work / every, round=cycle - work, period=every, round_bytes=update + reply,
-                     staleness=staleness)
+        return think + clients * sum(services[1:]) + services[0] + combining, 0.0
+    queue = closed_queue(services, think, clients)
+    return queue.cycle, max(queue.throughput * queue.cycle - 1, 0.0)
 
 
 def _exchange_period(shape: Shape) -> int:
@@ -231,7 +239,8 @@ def predict(shape: Shape, layout: Layout, compute: Compute, network: Network) ->
     """Seconds per epoch (the slowest trainer's, as `epoch_end` records it) and for the whole job."""
     count = trainers(shape, layout)
     if layout.nodes > 1:  # the slowest machine sets the pace
-        compute = dataclasses.replace(compute, loop_factor=compute.loop_factor * network.slowest_host)
+        compute = dataclasses.replace(compute, step_seconds={batch: seconds * network.slowest_host
+                                                             for batch, seconds in compute.step_seconds.items()})
     costs = algorithm_costs(shape, layout, compute, network)
     steps = math.ceil((shape.rows // count) / shape.batch)
     compute_seconds = steps * costs.compute + costs.epoch_compute

@@ -72,6 +72,22 @@ def test_downpour_with_one_trainer_waits_for_both_messages_and_the_servers_step(
     assert found.staleness == 0
 
 
+def test_a_worker_back_from_a_wait_pays_its_cold_start_in_compute():
+    cold = compute(resume_seconds={0.001: 0.0002, 0.1: 0.004})
+    size = (999 + 1) * 4
+    reduce = 2 * (1e-3 + size / 2 / 1e6)  # 6 ms: between the measured waits
+    resume = 0.0002 + math.log(reduce / 0.001) / math.log(100) * 0.0038
+    found = predict(shape(), Layout(2, 1), cold, NETWORK)
+    assert found.compute_seconds == pytest.approx(50 * (0.01 + resume))
+    assert found.communication_seconds == pytest.approx(50 * reduce)  # the wait itself is unchanged
+    server = predict(shape("downpour"), Layout(2, 1), cold, NETWORK)
+    exchange = 2 * ACROSS.seconds(999 * 4 + 64) + 0.001
+    assert server.compute_seconds == pytest.approx(100 * (0.01 - 0.001 + cold.resume(exchange)))
+    assert server.communication_seconds == pytest.approx(100 * exchange)
+    one = predict(shape(), Layout(1, 1), cold, NETWORK)
+    assert one.epoch_seconds == pytest.approx(100 * 0.01)  # no wait, nothing to pay
+
+
 def test_an_asynchronous_server_saturates_and_its_updates_grow_stale():
     slow = compute(update_seconds=0.05)  # the server's step is 5x a trainer's compute
     found = predict(shape("downpour", rows=80_000), Layout(9, 1), slow, NETWORK)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -15,7 +16,8 @@ from shoal.plan.profile import Compute, Network, Profile, load_profile
 def profile() -> Profile:
     compute = Compute(model="abc", parameters=10, threads=1, step_seconds={32: 0.001, 128: 0.003},
                       update_seconds=1e-4, copy_seconds_per_byte=1e-10, evaluate_seconds_per_row=1e-6,
-                      load_rows_per_second=1e5, startup_seconds=5.0, step_spread=1e-5)
+                      load_rows_per_second=1e5, startup_seconds=5.0, step_spread=1e-5,
+                      loop_factors={128: 0.9, 1024: 1.2}, resume_seconds={0.001: 1e-5, 0.016: 1e-4, 0.256: 5e-4})
     network = Network(across=Link(1e-4, 1.25e8, points=((4096, 2e-4), (65536, 8e-4))), inside=Link(3e-5, 2e9),
                       source="described")
     return Profile(machine={"host": "h"}, compute=compute, network=network)
@@ -29,13 +31,37 @@ def test_a_saved_profile_reads_back_equal(tmp_path):
 
 
 def test_steps_are_interpolated_between_measured_batches_and_extended_beyond():
-    compute = profile().compute
+    compute = dataclasses.replace(profile().compute, loop_factors={})
     assert compute.step(64) == pytest.approx(0.001 + 32 * (0.002 / 96))
     assert compute.step(256) == pytest.approx(0.003 + 128 * (0.002 / 96))
 
 
+def test_the_loop_factor_is_the_one_measured_at_a_batch_and_interpolated_in_log_batch_between():
+    compute = profile().compute
+    assert compute.loop_factor(128) == 0.9 and compute.loop_factor(1024) == 1.2
+    assert compute.loop_factor(16) == 0.9 and compute.loop_factor(4096) == 1.2  # the nearest beyond
+    assert compute.loop_factor(512) == pytest.approx(0.9 + (2 / 3) * 0.3)  # two of three doublings
+    assert compute.step(128) == pytest.approx(0.003 * 0.9)
+    assert dataclasses.replace(compute, loop_factors={}).loop_factor(128) == 1.0
+
+
+def test_the_cost_of_resuming_rises_with_the_wait_and_stops_at_the_longest_measured():
+    compute = profile().compute
+    assert compute.resume(0.016) == 1e-4
+    assert compute.resume(0.0005) == pytest.approx(0.5e-5)  # in proportion below the shortest wait
+    assert compute.resume(0.004) == pytest.approx(1e-5 + 0.5 * 9e-5)  # half way in log wait
+    assert compute.resume(10.0) == 5e-4 and compute.resume(0) == 0.0
+    assert dataclasses.replace(compute, resume_seconds={}).resume(0.1) == 0.0
+
+
 @pytest.mark.parametrize("change, key", [
+    (lambda raw: raw["compute"].update(resume_seconds={"soon": 1.0}), "compute.resume_seconds: each seconds idle"),
+    (lambda raw: raw["compute"].update(resume_seconds={"-1": 1.0}), "compute.resume_seconds: each seconds idle"),
+    (lambda raw: raw["compute"].update(resume_seconds={"0.1": -1.0}), "compute.resume_seconds.0.1"),
     (lambda raw: raw.update(format=7), "format"),
+    (lambda raw: raw.update(format=1), "format: expected 2, got 1"),
+    (lambda raw: raw["compute"].update(loop_factors=[1.0]), "compute.loop_factors"),
+    (lambda raw: raw["compute"].update(loop_factors={"128": 0}), "compute.loop_factors.128"),
     (lambda raw: raw["compute"].update(update_seconds=-1), "compute.update_seconds"),
     (lambda raw: raw["compute"].update(step_seconds={}), "compute.step_seconds"),
     (lambda raw: raw["compute"].update(step_seconds={"big": 1.0}), "compute.step_seconds"),
@@ -55,7 +81,7 @@ def test_a_bad_profile_names_the_file_and_key(tmp_path, change, key):
 def test_a_missing_or_unreadable_profile_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="no such profile"):
         load_profile(tmp_path / "absent.json")
-    (tmp_path / "torn.json").write_text('{"format": 1, "comp')
+    (tmp_path / "torn.json").write_text('{"format": 2, "comp')
     with pytest.raises(ConfigError, match="torn.json: not a shoal profile"):
         load_profile(tmp_path / "torn.json")
 
