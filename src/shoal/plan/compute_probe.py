@@ -181,11 +181,9 @@ def measure_compute(job: JobConfig, threads: int) -> Compute:
 
 
 def with_loop_at(compute: Compute, job: JobConfig, threads: int) -> Compute:
-    """`compute`, with the real loop's factor at the job's batch size measured (a short real job) unless it
-    has one there: the loop's share of a step differs from one batch size to another."""
+    """`compute`, with the real loop's factor at the job's batch size measured (a short real job): the loop's
+    share of a step differs from one batch size to another."""
     batch = job.train.batch_size
-    if batch in compute.loop_factors:
-        return compute
     _, real_step = measure_loop(job, threads)
     return dataclasses.replace(compute, loop_factors={**compute.loop_factors,
                                                       batch: loop_factor(compute, batch, real_step)})

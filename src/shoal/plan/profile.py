@@ -69,29 +69,25 @@ class Compute:
     def loop_factor(self, batch: int) -> float:
         """The loop factor at `batch`: measured there, else interpolated in log batch size between the nearest
         measured ones (the nearest one's beyond them); 1 when none was measured."""
-        if not self.loop_factors:
-            return 1.0
-        sizes = sorted(self.loop_factors)
-        if batch <= sizes[0] or batch >= sizes[-1]:
-            return self.loop_factors[sizes[0] if batch <= sizes[0] else sizes[-1]]
-        index = bisect.bisect_left(sizes, batch)
-        low, high = sizes[index - 1], sizes[index]
-        weight = math.log(batch / low) / math.log(high / low)
-        return self.loop_factors[low] + weight * (self.loop_factors[high] - self.loop_factors[low])
+        return _in_log_steps(self.loop_factors, batch) if self.loop_factors else 1.0
 
     def resume(self, wait: float) -> float:
         """The extra seconds of a step after `wait` seconds idle: interpolated in log wait between the measured
         waits, in proportion to the wait below the shortest, the longest one's beyond."""
         if not self.resume_seconds or wait <= 0:
             return 0.0
-        waits = sorted(self.resume_seconds)
-        if wait <= waits[0] or wait >= waits[-1]:
-            nearest = waits[0] if wait <= waits[0] else waits[-1]
-            return self.resume_seconds[nearest] * min(wait / nearest, 1.0)
-        index = bisect.bisect_left(waits, wait)
-        low, high = waits[index - 1], waits[index]
-        weight = math.log(wait / low) / math.log(high / low)
-        return self.resume_seconds[low] + weight * (self.resume_seconds[high] - self.resume_seconds[low])
+        return _in_log_steps(self.resume_seconds, wait) * min(wait / min(self.resume_seconds), 1.0)
+
+
+def _in_log_steps(table: dict, at: float) -> float:
+    """`table`'s value at `at`, interpolated in log key between its nearest keys; the end key's beyond them."""
+    keys = sorted(table)
+    if at <= keys[0] or at >= keys[-1]:
+        return table[keys[0] if at <= keys[0] else keys[-1]]
+    index = bisect.bisect_left(keys, at)
+    low, high = keys[index - 1], keys[index]
+    weight = math.log(at / low) / math.log(high / low)
+    return table[low] + weight * (table[high] - table[low])
 
 
 @dataclass
@@ -185,7 +181,7 @@ def _compute(path: Path, raw) -> Compute | None:
         return None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: compute: expected a table")
-    step_seconds = _batch_table(path, raw, "step_seconds")
+    step_seconds = _table(path, raw, "step_seconds", "batch size", int)
     if not step_seconds:
         raise ConfigError(f"{path}: compute.step_seconds: expected batch size -> seconds")
     defaults = {"step_spread": 0.0, "startup_per_node": 0.0}
@@ -194,13 +190,8 @@ def _compute(path: Path, raw) -> Compute | None:
                             "load_rows_per_second", "startup_seconds", "step_spread", "startup_per_node")}
     return Compute(model=str(raw.get("model", "")), parameters=int(_number(path, "compute.parameters",
                    raw.get("parameters"))), threads=int(_number(path, "compute.threads", raw.get("threads"), 1)),
-                   step_seconds=step_seconds, loop_factors=_batch_table(path, raw, "loop_factors", minimum=0.01),
+                   step_seconds=step_seconds, loop_factors=_table(path, raw, "loop_factors", "batch size", int, 0.01),
                    resume_seconds=_table(path, raw, "resume_seconds", "seconds idle", float), **numbers)
-
-
-def _batch_table(path: Path, raw: dict, key: str, minimum: float = 0.0) -> dict[int, float]:
-    """compute.`key`: batch size -> a number (none when absent)."""
-    return _table(path, raw, key, "batch size", int, minimum)
 
 
 def _table(path: Path, raw: dict, key: str, what: str, kind: type, minimum: float = 0.0) -> dict:
