@@ -6,10 +6,14 @@ measures there (compute for each model, the network between the hosts, saved as 
 then every job is trained for real, on one host (1 worker) and on two (sync, averaging, Downpour
 with its server on host0), at batch 128 and 1024, for two model sizes (784-40-10 and 784-256-10
 on MNIST-shaped digits), and the mean of its epochs after the first (at least 2 of them, and
-enough to add up to 3 s) is compared with the prediction.
-Downpour needs a server and a trainer, so it has no one-host row. Needs root, `ip`, `tc`, 2 cores.
+enough to add up to 3 s) is one run's epoch. The jobs run in RUNS passes, each after a calibration
+of its own; jobs predicted under 5 s an epoch run in every pass, longer ones (where the link's time
+dominates) in the first. Each job is then planned from the median of the RUNS profiles and
+compared with its median run: a VM's slow spells last minutes, and one spoils one profile and one
+run, not the comparison. Downpour needs a server and a trainer, so it has no one-host row. Needs
+root, `ip`, `tc`, 2 cores.
 
-    .venv/bin/python -m benchmarks.plan            # about 30 minutes on 2 cores
+    .venv/bin/python -m benchmarks.plan            # about 70 minutes on 2 cores
     .venv/bin/python -m benchmarks.plan --quick    # one model, batch 128, 1gbit and 10mbit
 """
 
@@ -38,6 +42,8 @@ BATCHES = (128, 1024)
 GOAL = 0.15
 MEASURED_SECONDS = 3.0  # at least, per job: the epochs after the first
 MOST_EPOCHS = 30
+RUNS = 3  # calibrations per link, each followed by a pass measuring the short jobs (minutes apart)
+REPEAT_BELOW = 5.0  # predicted seconds per epoch under which a job is measured RUNS times
 
 
 def write_job(folder: Path, train: Path, model: str, algorithm: str, batch: int, remote: Path, epochs: int = 3) -> Path:
@@ -76,14 +82,23 @@ def environment() -> dict:
     return dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}")
 
 
-def predicted(cluster: EmulatedCluster, job: Path, profile: Path, algorithm: str) -> dict:
-    """`shoal plan` on host0 for 1 and 2 nodes: node count -> its prediction."""
+def predicted(cluster: EmulatedCluster, job: Path, profiles: list[Path], algorithm: str,
+              save: Path | None = None) -> dict:
+    """`shoal plan` on host0 for 1 and 2 nodes, from `profiles` (their median; measured when there are none,
+    completed where they lack the job's batch size): node count -> its prediction."""
     command = [sys.executable, "-m", "shoal", "plan", str(job), "--hosts", "host0,host1", "--algorithms", algorithm,
-               "--json", "--save-profile", str(profile)]
-    if profile.exists():
-        command += ["--profile", str(profile)]
-    plan = json.loads(cluster.run(0, command, env=environment(), timeout=600))
+               "--json", *[part for path in profiles for part in ("--profile", str(path))]]
+    if save is not None:
+        command += ["--save-profile", str(save)]
+    plan = json.loads(cluster.run(0, command, env=environment(), timeout=900))
     return {row["nodes"]: row for row in plan["predictions"]}
+
+
+def calibrated(cluster: EmulatedCluster, train: Path, model: str, batches: list[int], sample: Path) -> None:
+    """One calibration for `model`: compute on host0, the network between the hosts, the loop at each batch."""
+    for batch in batches:
+        job = write_job(cluster.shared, train, model, "sync", batch, cluster.enter)
+        predicted(cluster, job, [sample] if sample.exists() else [], "sync", save=sample)
 
 
 def later_epochs(run_dir: Path) -> dict:
@@ -106,45 +121,87 @@ def measured(cluster: EmulatedCluster, job: Path, nodes: int, name: str) -> dict
     return later_epochs(run_dir)
 
 
+def runs_for(epoch_seconds: float) -> int:
+    """Measurements of a job: RUNS of short ones, whose compute this VM's slow spells (minutes long) move by
+    10-30% from one run to the next; one of long ones, where the link's time dominates and holds still."""
+    return RUNS if epoch_seconds < REPEAT_BELOW else 1
+
+
 def run_rate(rate: str, rows: int, models: list[str], batches: list[int], one_host: bool) -> list[dict]:
+    """The link's jobs measured in up to RUNS passes, each after a calibration of its own (a job's runs and
+    the profiles minutes apart, so that one slow spell spoils one of each); every job then planned from the
+    median of the RUNS profiles (`shoal plan --profile` repeated) and compared with its median run."""
     train = WORK / f"digits-{rows}"
     if not train.exists():
         synth_digits(train, rows, seed=1)
-    results = []
     with EmulatedCluster(hosts=2, rate=rate) as cluster:
-        for model in models:
-            profile = cluster.shared / f"profile-{model}.json"
-            for algorithm in ALGORITHMS:
-                for batch in batches:
-                    job = write_job(cluster.shared, train, model, algorithm, batch, cluster.enter)
-                    plan = predicted(cluster, job, profile, algorithm)
-                    job = write_job(cluster.shared, train, model, algorithm, batch, cluster.enter,
-                                    epochs_for(min(row["epoch_seconds"] for row in plan.values())))
-                    for nodes in ((1, 2) if one_host and algorithm != "downpour" else (2,)):
-                        name = f"{model}-{algorithm}-{batch}-{nodes}"
-                        real = measured(cluster, job, nodes, name)
-                        row = {"rate": rate if nodes == 2 else "-", "rows": rows, "model": model,
-                               "algorithm": algorithm, "batch": batch, "nodes": nodes,
-                               "predicted": plan[nodes]["epoch_seconds"],
-                               "predicted_communication": plan[nodes]["communication_seconds"],
-                               "measured": real["seconds"], "measured_communication": real["communication"]}
-                        row["error"] = row["predicted"] / row["measured"] - 1
-                        results.append(row)
-                        print(f"{rate} {name}: predicted {row['predicted']:.2f} s, measured {row['measured']:.2f} s "
-                              f"({row['error']:+.0%})", flush=True)
-            results_profile = json.loads(profile.read_text())
-            results.append({"profile": results_profile, "rate": rate, "model": model})
-    return results
+        samples = {model: [cluster.shared / f"profile-{model}-{run}.json" for run in range(RUNS)] for model in models}
+        planned = []
+        for run in range(RUNS):
+            for model in models:
+                calibrated(cluster, train, model, batches, samples[model][run])
+            if run == 0:
+                planned = jobs_of(cluster, train, rows, models, batches, one_host, samples)
+            measure_pass(cluster, rate, planned, run)
+        for entry in planned:
+            row = entry["row"]
+            plan = predicted(cluster, entry["job"], samples[row["model"]], row["algorithm"])
+            entry["plan"] = plan[row["nodes"]]
+        profiles = [{"profile": json.loads(path.read_text()), "rate": rate, "model": model, "calibration": run}
+                    for model in models for run, path in enumerate(samples[model])]
+    return [compared(entry["row"], entry["plan"], entry["runs"]) for entry in planned] + profiles
+
+
+def jobs_of(cluster: EmulatedCluster, train: Path, rows: int, models: list[str], batches: list[int],
+            one_host: bool, samples: dict) -> list[dict]:
+    """Every job of the link, written with enough epochs by the first calibration's prediction."""
+    planned = []
+    for model in models:
+        for algorithm in ALGORITHMS:
+            for batch in batches:
+                job = write_job(cluster.shared, train, model, algorithm, batch, cluster.enter)
+                first = predicted(cluster, job, samples[model][:1], algorithm)
+                job = write_job(cluster.shared, train, model, algorithm, batch, cluster.enter,
+                                epochs_for(min(row["epoch_seconds"] for row in first.values())))
+                for nodes in ((1, 2) if one_host and algorithm != "downpour" else (2,)):
+                    planned.append({"job": job, "first": first[nodes]["epoch_seconds"], "runs": [], "row": {
+                        "rate": cluster.rate if nodes == 2 else "-", "rows": rows, "model": model,
+                        "algorithm": algorithm, "batch": batch, "nodes": nodes}})
+    return planned
+
+
+def measure_pass(cluster: EmulatedCluster, rate: str, planned: list[dict], run: int) -> None:
+    """Pass `run` over the link's jobs: every job the first calibration predicts short, the rest in pass 0."""
+    for entry in planned:
+        if run < runs_for(entry["first"]):
+            row = entry["row"]
+            name = f"{row['model']}-{row['algorithm']}-{row['batch']}-{row['nodes']}-{run}"
+            entry["runs"].append(measured(cluster, entry["job"], row["nodes"], name))
+            print(f"{rate} {name}: first predicted {entry['first']:.2f} s, measured "
+                  f"{entry['runs'][-1]['seconds']:.2f} s", flush=True)
+
+
+def compared(row: dict, plan: dict, runs: list[dict]) -> dict:
+    """The row with its prediction, its runs and the error of the prediction against their median."""
+    seconds = [run["seconds"] for run in runs]
+    median_run = sorted(runs, key=lambda run: run["seconds"])[len(runs) // 2]  # RUNS is odd: the middle one
+    row = {**row, "predicted": plan["epoch_seconds"], "predicted_communication": plan["communication_seconds"],
+           "measured": median_run["seconds"], "measured_communication": median_run["communication"],
+           "runs": seconds}
+    row["error"] = row["predicted"] / row["measured"] - 1
+    return row
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| link | rows | model | algorithm | batch | hosts | predicted s/epoch | measured s/epoch | error | "
-             "predicted comm. | measured comm. |",
-             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| link | rows | model | algorithm | batch | hosts | predicted s/epoch | measured s/epoch (median) | "
+             "its runs | error | predicted comm. | measured comm. |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
+        runs = ", ".join(f"{seconds:.3f}" for seconds in row["runs"])
         lines.append(f"| {row['rate']} | {row['rows']:,} | {row['model']} | {row['algorithm']} | {row['batch']} | "
-                     f"{row['nodes']} | {row['predicted']:.3f} | {row['measured']:.3f} | {row['error']:+.1%} | "
-                     f"{row['predicted_communication']:.3f} | {row['measured_communication']:.3f} |")
+                     f"{row['nodes']} | {row['predicted']:.3f} | {row['measured']:.3f} | {runs} | "
+                     f"{row['error']:+.1%} | {row['predicted_communication']:.3f} | "
+                     f"{row['measured_communication']:.3f} |")
     return "\n".join(lines)
 
 
@@ -178,10 +235,14 @@ def write(found: list[dict], quick: bool, seconds: float) -> Path:
 own core with 1 worker of 1 thread, its link shaped with `tc tbf` (a bucket of 128 µs of the line, at
 least a frame; no netem: no added latency).
 `shoal plan --hosts host0,host1` ran on host0: it measured compute there for each model and the
-network between the hosts, and predicted each job's epoch; each job then trained for at least 3
-epochs (more where epochs are short, so that those measured add up to {MEASURED_SECONDS:.0f} s) and the mean of
-its epochs after the first is compared. MNIST-shaped digits, SGD with momentum; Downpour's
-server is host0's worker, its one trainer host1's. `.venv/bin/python -m benchmarks.plan{' --quick' if quick else ''}`
+network between the hosts into a profile, {RUNS} times per link, each calibration followed by a pass
+over the link's jobs; each job trained for at least 3 epochs (more where epochs are short, so that
+those measured add up to {MEASURED_SECONDS:.0f} s), a run's epoch is the mean of its epochs after the
+first, and jobs predicted under {REPEAT_BELOW:.0f} s an epoch ran in every pass, longer ones in the first.
+Each prediction is `shoal plan` from the median of the link's {RUNS} profiles of the model (`--profile`
+repeated), compared with the job's median run. MNIST-shaped digits,
+SGD with momentum; Downpour's server is host0's worker, its one trainer host1's.
+`.venv/bin/python -m benchmarks.plan{' --quick' if quick else ''}`
 ({seconds:.0f} s).
 
 **{within} of {len(rows)} predictions within {GOAL:.0%} of the measurement; median error

@@ -509,8 +509,9 @@ def add_plan_parser(commands) -> None:
     plan.add_argument("--rows", type=int, help="plan for this many training rows instead of data.train's")
     plan.add_argument("--algorithms", metavar="NAME[,NAME...]",
                       help="algorithms to compare (default: the job's, sync, averaging, downpour)")
-    plan.add_argument("--profile", type=Path, help="reuse a saved profile: its network, and its compute for the "
-                      "same model (leave it out to measure again)")
+    plan.add_argument("--profile", type=Path, action="append", help="reuse a saved profile: its network, and its "
+                      "compute for the same model (leave it out to measure again); repeated, each number is the "
+                      "median of the profiles' (calibrations taken at different times, so one slow moment counts once)")
     plan.add_argument("--save-profile", type=Path, metavar="PATH", help="write the measured profile here")
     plan.add_argument("--plot", type=Path, metavar="PNG", help="write the predicted curves to this image")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")

@@ -15,6 +15,7 @@ import pytest
 
 from shoal.data.format import DatasetWriter
 from shoal.events import read_history
+from shoal.plan.compute_probe import RESUME_WAITS
 from tests.cluster.hosts import EmulatedCluster, missing_requirements
 from tests.cluster.jobs import log_of, start_on_two_hosts
 
@@ -100,4 +101,4 @@ def test_a_plan_predicts_a_two_host_sync_epoch_on_a_slow_and_a_fast_link(project
     # the compute probe measured what a worker back from a network wait pays, rising with the wait
     table = json.loads(profile.read_text())["compute"]["resume_seconds"]
     resume = [table[wait] for wait in sorted(table, key=float)]
-    assert len(resume) == 5 and resume == sorted(resume)
+    assert len(resume) == len(RESUME_WAITS) and resume == sorted(resume)

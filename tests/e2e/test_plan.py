@@ -135,3 +135,18 @@ def test_a_measured_profile_gains_the_loop_factor_at_a_new_batch_size(planned, c
     assert main(["plan", str(job_path), "--profile", str(described), "--nodes", "1", "--json"]) == 0
     assert timed_batches == [64]
     capsys.readouterr()
+
+
+def test_repeated_profiles_plan_from_their_median(planned, capsys, tmp_path):
+    """Three calibrations, one taken in a slow moment: the plan is the middle one's, as if that were the only one."""
+    job_path, profile_path, profile = planned
+    slow = dataclasses.replace(profile.compute, step_seconds={64: 0.006, 256: 0.018}, startup_seconds=9.0)
+    fast = dataclasses.replace(profile.compute, step_seconds={64: 0.0019, 256: 0.0055}, startup_seconds=3.9)
+    for name, compute in (("slow", slow), ("fast", fast)):
+        Profile(machine=profile.machine, compute=compute, network=profile.network).save(tmp_path / f"{name}.json")
+    plans = []
+    for profiles in ([profile_path], [tmp_path / "slow.json", profile_path, tmp_path / "fast.json"]):
+        options = [part for path in profiles for part in ("--profile", str(path))]
+        assert main(["plan", str(job_path), *options, "--nodes", "1,2", "--json"]) == 0
+        plans.append(json.loads(capsys.readouterr().out)["predictions"])
+    assert plans[0] == plans[1]

@@ -8,6 +8,7 @@ from shoal.cluster.env import cores
 from shoal.config import JobConfig
 from shoal.errors import ConfigError
 from shoal.plan.calibrate import DEFAULT_LATENCY, LOOPBACK, calibrate, described_network
+from shoal.plan.median import median_profile
 from shoal.plan.planner import COMPARED, Plan, job_shape, make_plan
 from shoal.plan.profile import Profile, load_profile
 from shoal.plan.render import plot, render
@@ -54,7 +55,7 @@ def check_options(args) -> None:
 def profile_for(job: JobConfig, args, hosts: list[str] | None) -> Profile:
     """The saved profile, completed by measurement, or with the network the options describe."""
     threads = job.cluster.threads or max(1, cores() // args.workers_per_node)
-    profile = load_profile(args.profile) if args.profile else None
+    profile = median_profile([(path, load_profile(path)) for path in args.profile]) if args.profile else None
     described = None
     if args.link is not None:  # loopback stays as the profile measured it
         inside = profile.network.inside if profile and profile.network else LOOPBACK

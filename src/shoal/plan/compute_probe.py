@@ -37,8 +37,10 @@ PROBE_ROWS = 100_000  # rows read for the probe: batches gathered from as large 
 BATCH_LADDER = (16, 64, 256, 1024, 4096)
 TIMED_SECONDS = 0.6  # per measured quantity, after warm-up
 BLOCKS = 3  # rounds a step is timed in, apart in time
-RESUME_WAITS = (0.001, 0.004, 0.016, 0.064, 0.256)  # seconds idle before a step, as a network wait leaves it
-RESUME_SECONDS = 0.4  # per wait, about (at least 3 samples)
+# seconds idle before a step, as a network wait leaves it: dense where the cost climbs (1-8 ms), sparse where flat
+RESUME_WAITS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.064, 0.256)
+RESUME_SECONDS = 0.4  # per wait, about, over BLOCKS rounds
+RESUME_PAIRS = 80  # per wait at most: below some 50, one wait's median moved by half from one probe to the next
 
 
 def timed(work, seconds: float = TIMED_SECONDS, at_least: int = 5, warm_up: int = 2) -> list[float]:
@@ -61,6 +63,15 @@ def cold_and_warm(work, wait: float) -> tuple[float, float]:
     middle = time.perf_counter()
     work()
     return middle - began, time.perf_counter() - middle
+
+
+def cold_and_warm_pairs(work, wait: float, seconds: float, most: int) -> list[tuple[float, float]]:
+    """`cold_and_warm` repeated for about `seconds`: at least one pair, at most `most`."""
+    began = time.perf_counter()
+    found = [cold_and_warm(work, wait)]
+    while len(found) < most and time.perf_counter() - began < seconds:
+        found.append(cold_and_warm(work, wait))
+    return found
 
 
 def pair_spread(samples: list[float], pairs: int = 4000, seed: int = 0) -> float:
@@ -109,11 +120,17 @@ class ComputeProbe:
 
     def resume(self, batch: int) -> dict[float, float]:
         """Seconds idle -> the step's extra time right after that long asleep (a worker back from waiting on
-        the network), over a step right after another; kept rising with the wait, as caches only get colder."""
-        work, found, highest = self.step_work(batch), {}, 0.0
+        the network), over a step right after another; kept rising with the wait, as caches only get colder.
+        The ladder is walked in BLOCKS rounds apart in time, so that one slow moment spoils one round."""
+        work = self.step_work(batch)
+        pairs: dict[float, list[tuple[float, float]]] = {wait: [] for wait in RESUME_WAITS}
+        for _ in range(BLOCKS):
+            for wait in RESUME_WAITS:
+                pairs[wait] += cold_and_warm_pairs(work, wait, RESUME_SECONDS / BLOCKS, RESUME_PAIRS // BLOCKS)
+        found, highest = {}, 0.0
         for wait in RESUME_WAITS:
-            pairs = [cold_and_warm(work, wait) for _ in range(max(3, min(30, int(RESUME_SECONDS / (wait + 1e-3)))))]
-            highest = max(highest, _median([cold for cold, _ in pairs]) - _median([warm for _, warm in pairs]))
+            cold, warm = zip(*pairs[wait])
+            highest = max(highest, _median(list(cold)) - _median(list(warm)))
             found[wait] = highest
         return found
 

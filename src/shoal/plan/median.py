@@ -1,0 +1,68 @@
+"""Several profiles read as one: each measured number the median of its measurements.
+
+One calibration is one sample of a machine's state, and a shared or virtual machine's speed
+drifts for minutes at a time (on a 2-core VM one probe's loop factor at batch 128 read 1.58
+where others read 0.99-1.04). Profiles saved at different times (`shoal plan --profile a.json
+--profile b.json --profile c.json`) give a plan that one slow or fast moment does not move: every
+number is the median of the profiles that have it, key by key in its tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from pathlib import Path
+
+from shoal.errors import ConfigError
+from shoal.plan.costs import Link
+from shoal.plan.profile import Compute, Network, Profile
+
+SAME = ("model", "parameters", "threads")  # what makes two computes measurements of one thing
+
+
+def median_profile(profiles: list[tuple[Path, Profile]]) -> Profile:
+    """The median of `profiles` (each with the path it was read from, to name one that does not fit)."""
+    if len(profiles) == 1:
+        return profiles[0][1]
+    computes = [(path, profile.compute) for path, profile in profiles if profile.compute is not None]
+    networks = [profile.network for _, profile in profiles if profile.network is not None]
+    return Profile(machine=profiles[0][1].machine, compute=median_compute(computes) if computes else None,
+                   network=median_network(networks) if networks else None)
+
+
+def median_compute(computes: list[tuple[Path, Compute]]) -> Compute:
+    first_path, first = computes[0]
+    for path, compute in computes[1:]:
+        for name in SAME:
+            if getattr(compute, name) != getattr(first, name):
+                raise ConfigError(f"{path}: compute.{name}: {getattr(compute, name)!r} where {first_path} has "
+                                  f"{getattr(first, name)!r} (profiles combined must be of one model and threads)")
+    values = {}
+    for field in dataclasses.fields(Compute):
+        if field.name not in SAME:
+            values[field.name] = median_of([getattr(compute, field.name) for _, compute in computes])
+    return dataclasses.replace(first, **values)
+
+
+def median_network(networks: list[Network]) -> Network:
+    messages = [network.message_across for network in networks if network.message_across is not None]
+    sources = list(dict.fromkeys(network.source for network in networks))
+    return Network(across=median_link([network.across for network in networks]),
+                   inside=median_link([network.inside for network in networks]),
+                   message_across=median_link(messages) if messages else None,
+                   slowest_host=statistics.median(network.slowest_host for network in networks),
+                   source=f"median of {len(networks)} profiles, {'; '.join(sources)}")
+
+
+def median_link(links: list[Link]) -> Link:
+    points = median_of([dict(link.points) for link in links])
+    return Link(latency=statistics.median(link.latency for link in links),
+                bandwidth=statistics.median(link.bandwidth for link in links), points=tuple(sorted(points.items())))
+
+
+def median_of(values: list):
+    """The median of numbers, or of tables key by key over the tables that have the key."""
+    if isinstance(values[0], dict):
+        keys = dict.fromkeys(key for table in values for key in table)
+        return {key: statistics.median(table[key] for table in values if key in table) for key in keys}
+    return statistics.median(values)
