@@ -13,7 +13,7 @@ compared with its median run: a VM's slow spells last minutes, and one spoils on
 run, not the comparison. Downpour needs a server and a trainer, so it has no one-host row. Needs
 root, `ip`, `tc`, 2 cores.
 
-    .venv/bin/python -m benchmarks.plan            # about 70 minutes on 2 cores
+    .venv/bin/python -m benchmarks.plan            # about 60 minutes on 2 cores
     .venv/bin/python -m benchmarks.plan --quick    # one model, batch 128, 1gbit and 10mbit
 """
 
