@@ -95,9 +95,12 @@ def predicted(cluster: EmulatedCluster, job: Path, profiles: list[Path], algorit
 
 
 def calibrated(cluster: EmulatedCluster, train: Path, model: str, batches: list[int], sample: Path) -> None:
-    """One calibration for `model`: compute on host0, the network between the hosts, the loop at each batch."""
+    """One calibration for `model`: compute on host0, the network between the hosts, the loop at each batch.
+    Its job files are its own: the measured sync jobs' files keep their epoch counts."""
+    folder = cluster.shared / "calibration"
+    folder.mkdir(exist_ok=True)
     for batch in batches:
-        job = write_job(cluster.shared, train, model, "sync", batch, cluster.enter)
+        job = write_job(folder, train, model, "sync", batch, cluster.enter)
         predicted(cluster, job, [sample] if sample.exists() else [], "sync", save=sample)
 
 
@@ -142,7 +145,7 @@ def run_rate(rate: str, rows: int, models: list[str], batches: list[int], one_ho
                 calibrated(cluster, train, model, batches, samples[model][run])
             if run == 0:
                 planned = jobs_of(cluster, train, rows, models, batches, one_host, samples)
-            measure_pass(cluster, rate, planned, run)
+            measure_pass(cluster, planned, run)
         for entry in planned:
             row = entry["row"]
             plan = predicted(cluster, entry["job"], samples[row["model"]], row["algorithm"])
@@ -170,14 +173,14 @@ def jobs_of(cluster: EmulatedCluster, train: Path, rows: int, models: list[str],
     return planned
 
 
-def measure_pass(cluster: EmulatedCluster, rate: str, planned: list[dict], run: int) -> None:
+def measure_pass(cluster: EmulatedCluster, planned: list[dict], run: int) -> None:
     """Pass `run` over the link's jobs: every job the first calibration predicts short, the rest in pass 0."""
     for entry in planned:
         if run < runs_for(entry["first"]):
             row = entry["row"]
             name = f"{row['model']}-{row['algorithm']}-{row['batch']}-{row['nodes']}-{run}"
             entry["runs"].append(measured(cluster, entry["job"], row["nodes"], name))
-            print(f"{rate} {name}: first predicted {entry['first']:.2f} s, measured "
+            print(f"{cluster.rate} {name}: first predicted {entry['first']:.2f} s, measured "
                   f"{entry['runs'][-1]['seconds']:.2f} s", flush=True)
 
 

@@ -130,7 +130,7 @@ class ComputeProbe:
         found, highest = {}, 0.0
         for wait in RESUME_WAITS:
             cold, warm = zip(*pairs[wait])
-            highest = max(highest, _median(list(cold)) - _median(list(warm)))
+            highest = max(highest, _median(cold) - _median(warm))
             found[wait] = highest
         return found
 
@@ -171,7 +171,7 @@ class ComputeProbe:
                        resume_seconds=self.resume(own))
 
 
-def _median(samples: list[float]) -> float:
+def _median(samples) -> float:
     return float(np.median(samples))
 
 

@@ -50,14 +50,14 @@ def median_network(networks: list[Network]) -> Network:
     return Network(across=median_link([network.across for network in networks]),
                    inside=median_link([network.inside for network in networks]),
                    message_across=median_link(messages) if messages else None,
-                   slowest_host=statistics.median(network.slowest_host for network in networks),
+                   slowest_host=median_of([network.slowest_host for network in networks]),
                    source=f"median of {len(networks)} profiles, {'; '.join(sources)}")
 
 
 def median_link(links: list[Link]) -> Link:
     points = median_of([dict(link.points) for link in links])
-    return Link(latency=statistics.median(link.latency for link in links),
-                bandwidth=statistics.median(link.bandwidth for link in links), points=tuple(sorted(points.items())))
+    return Link(latency=median_of([link.latency for link in links]),
+                bandwidth=median_of([link.bandwidth for link in links]), points=tuple(sorted(points.items())))
 
 
 def median_of(values: list):
