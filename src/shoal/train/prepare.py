@@ -7,12 +7,10 @@ worker calls it again to build the same pieces.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import importlib
 import inspect
 import math
-import sys
 from dataclasses import dataclass
 
 import psutil
@@ -28,6 +26,7 @@ from shoal.model import build_model, code_of, current_folder_importable, output_
 from shoal.train.objective import Objective
 from shoal.train.schedule import make_schedule
 from shoal.train.stopping import stop_rule
+from shoal.train.uncompiled import without_compiler
 
 UNUSABLE_OPTIMIZERS = {
     "lbfgs": "LBFGS needs a closure that recomputes the loss at every step, and shoal takes one plain step "
@@ -84,28 +83,9 @@ def make_optimizer(options: dict, parameters) -> torch.optim.Optimizer:
 
 
 def check_optimizer(options: dict, parameters) -> None:
-    """Build the optimizer once to check its settings, without importing torch's compiler.
-
-    torch wraps `Optimizer.add_param_group` so that its compiler skips it, and imports the compiler
-    (2 s, a third of a small job's start) on the first call to do so. Nothing is compiled while
-    a job is checked, so the wrapper's work may be skipped; the training optimizer is built as usual.
-    """
-    with _compiler_unimported():
-        make_optimizer(options, parameters)
-
-
-@contextlib.contextmanager
-def _compiler_unimported():
-    original = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__", None)
-    if original is None or "torch._dynamo" in sys.modules or hasattr(original, "__dynamo_disable"):
-        yield  # another torch, or the compiler already there: nothing to save
-        return
-    original.__dynamo_disable = original  # what torch's wrapper caches once the compiler is imported
-    try:
-        yield
-    finally:
-        if getattr(original, "__dynamo_disable", None) is original:
-            del original.__dynamo_disable
+    """Build the optimizer once to check its settings, without importing torch's compiler (see
+    `shoal.train.uncompiled`); the training optimizer is built as usual."""
+    without_compiler(lambda: make_optimizer(options, parameters))
 
 
 def model_spec(job: JobConfig, train_set: Dataset) -> dict:
@@ -136,16 +116,19 @@ def estimate_model(spec: dict) -> torch.nn.Module | None:
     if spec.get("factory"):
         try:
             _import_factory_module(spec["factory"])
-            with torch.device("meta"):
-                return build_model(spec)
+            return without_compiler(lambda: on_meta(spec))
         except Exception:  # the user's code may need real tensors
             return None
     try:
-        with torch.device("meta"):
-            return build_model(spec)
+        return without_compiler(lambda: on_meta(spec))
     except (RuntimeError, TypeError, ValueError, OverflowError) as error:
         # layer values are checked before torch sees them: what torch refuses is a size past its limits
         raise ConfigError(f"model.layers: too large to build: {first_line(error)}") from None
+
+
+def on_meta(spec: dict) -> torch.nn.Module:
+    with torch.device("meta"):
+        return build_model(spec)
 
 
 def _import_factory_module(factory: str) -> None:
@@ -219,8 +202,8 @@ def check_schedule(job: JobConfig) -> None:
                           "unclipped; clipping is for the collective algorithms")
     if job.train.scheduler is None:
         return
-    with _compiler_unimported():
-        schedule = make_schedule(job.train.scheduler, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1))
+    schedule = without_compiler(
+        lambda: make_schedule(job.train.scheduler, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)))
     if schedule.interval == "step" and server:
         raise ConfigError(f"train.scheduler: {job.algorithm.name} applies updates on its server, whose optimizer "
                           "steps when updates arrive: use a schedule stepped per epoch (interval = \"epoch\")")
