@@ -33,10 +33,26 @@ def hardware_tag(info: dict | None = None) -> str:
     return f"{info['cores']}core-cpu"
 
 
-def write_result(name: str, markdown: str, data: dict) -> Path:
-    """benchmarks/results/<date>-<hardware>-<name>.md plus the raw numbers as JSON."""
+def write_result(name: str, markdown: str, data: dict, replacing: Path | None = None) -> Path:
+    """benchmarks/results/<date>-<hardware>-<name>.md plus the raw numbers as JSON; a later run of the same day
+    writes <name>-2, -3, ... beside it, so no committed result is overwritten. `replacing`: this run's own
+    earlier result (a script that writes as it goes)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = f"{date.today().isoformat()}-{hardware_tag()}-{name}"
+    if replacing is not None:
+        return write_stem(replacing.stem, markdown, data)
+    return write_stem(free_stem(f"{date.today().isoformat()}-{hardware_tag()}-{name}"), markdown, data)
+
+
+def free_stem(stem: str) -> str:
+    """`stem`, or `stem-2`, `stem-3`, ...: the first that no result in RESULTS has."""
+    taken = {path.stem for path in RESULTS.glob(f"{stem}*")}
+    number = 1
+    while (candidate := stem if number == 1 else f"{stem}-{number}") in taken:
+        number += 1
+    return candidate
+
+
+def write_stem(stem: str, markdown: str, data: dict) -> Path:
     path = RESULTS / f"{stem}.md"
     path.write_text(markdown)
     (RESULTS / f"{stem}.json").write_text(json.dumps(data, indent=1))

@@ -219,15 +219,15 @@ def main(argv: list[str] | None = None) -> None:
     rates = args.rates.split(",") if args.rates else (["1gbit", "10mbit"] if args.quick else list(RATES))
     models = list(MODELS)[:1] if args.quick else list(MODELS)
     batches = [128] if args.quick else list(BATCHES)
-    began, found = time.monotonic(), []
+    began, found, path = time.monotonic(), [], None
     for number, rate in enumerate(rates):
         found += run_rate(rate, RATES[rate], models, batches, one_host=number == 0)
-        path = write(found, args.quick, time.monotonic() - began)  # after every link: a crash keeps the rest
+        path = write(found, args.quick, time.monotonic() - began, path)  # after every link: a crash keeps the rest
     print(path.read_text())
     print(f"written: {path}")
 
 
-def write(found: list[dict], quick: bool, seconds: float) -> Path:
+def write(found: list[dict], quick: bool, seconds: float, earlier: Path | None) -> Path:
     rows = [row for row in found if "error" in row]
     errors = [abs(row["error"]) for row in rows]
     within = sum(error <= GOAL for error in errors)
@@ -253,7 +253,7 @@ SGD with momentum; Downpour's server is host0's worker, its one trainer host1's.
 
 {table(rows)}
 """
-    return write_result("plan-quick" if quick else "plan", markdown, {"machine": info, "results": found})
+    return write_result("plan-quick" if quick else "plan", markdown, {"machine": info, "results": found}, earlier)
 
 
 if __name__ == "__main__":
