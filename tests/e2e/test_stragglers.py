@@ -48,10 +48,11 @@ def test_asynchronous_downpour_is_not_held_up_by_a_straggler(tmp_path, project_e
     delay = 4.0 / plain[SLOW_RANK]  # four more step times asleep: 5x the step time
     slowed = step_rates(job, tmp_path / "async-slowed", project_env, False, delay)
     assert slowed[SLOW_RANK] <= plain[SLOW_RANK] / 3, (plain, slowed)  # the straggler is slow indeed
-    # Held up, a fast trainer would fall to the straggler's pace (1/5); 4 processes sharing 2 cores
-    # move a trainer's rate by up to a third between runs, hence the margin.
-    for rank in fast:
-        assert slowed[rank] >= 0.6 * plain[rank], (rank, plain, slowed)
+    # Held up, the fast trainers would fall to the straggler's pace (1/5 of theirs). 4 processes sharing
+    # 2 cores move one trainer's rate by up to a third from run to run, and apart from the others' in the
+    # same run (275 against 350 steps/s once), so the fast trainers are compared as a group, with a margin.
+    pace_kept = statistics.mean(slowed[rank] for rank in fast) / statistics.mean(plain[rank] for rank in fast)
+    assert pace_kept >= 0.5, (plain, slowed)
 
     # Synchronous rounds wait for the straggler: the others fall to its pace. (Against the unslowed
     # asynchronous run; an unslowed synchronous one is no faster, so the comparison is the stricter.)
