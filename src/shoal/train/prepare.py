@@ -116,19 +116,23 @@ def estimate_model(spec: dict) -> torch.nn.Module | None:
     if spec.get("factory"):
         try:
             _import_factory_module(spec["factory"])
-            return without_compiler(lambda: on_meta(spec))
+            return built_on_meta(spec)
         except Exception:  # the user's code may need real tensors
             return None
     try:
-        return without_compiler(lambda: on_meta(spec))
+        return built_on_meta(spec)
     except (RuntimeError, TypeError, ValueError, OverflowError) as error:
         # layer values are checked before torch sees them: what torch refuses is a size past its limits
         raise ConfigError(f"model.layers: too large to build: {first_line(error)}") from None
 
 
-def on_meta(spec: dict) -> torch.nn.Module:
-    with torch.device("meta"):
-        return build_model(spec)
+def built_on_meta(spec: dict) -> torch.nn.Module:
+    """The model on torch's meta device, its meta kernels run without importing torch's compiler."""
+    def build() -> torch.nn.Module:
+        with torch.device("meta"):
+            return build_model(spec)
+
+    return without_compiler(build)
 
 
 def _import_factory_module(factory: str) -> None:
