@@ -52,7 +52,7 @@ class Compute:
     step: its hooks, its batches' gathering from the whole share), each measured with a short real job.
     Not one number: at 784-256-10 the loop ran 0.88 of the probe at batch 128 and 1.0 at batch 1024."""
     resume_seconds: dict[float, float] = field(default_factory=dict)
-    """Seconds idle -> what the next step costs beyond a step right after another: a worker that waited on
+    """Seconds idle -> what the next step costs beyond a step amid back-to-back ones: a worker that waited on
     the network finds its caches cold (on a 2-core VM a 784-40-10 step of 0.83 ms took 0.90 ms after
     1 ms idle, 1.2 ms after 16 ms and 1.7 ms after 200 ms). Rising with the wait, none when not measured."""
 

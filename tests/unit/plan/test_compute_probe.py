@@ -1,5 +1,5 @@
-"""The compute probe: its sampling of a step after an idle wait (counts bounded by time and by number), and its
-timed optimizer update."""
+"""The compute probe: its sampling of a step after an idle wait (counts bounded by time and by number), the table
+of what such a step costs, and its timed optimizer update."""
 
 from __future__ import annotations
 
@@ -7,30 +7,53 @@ import time
 
 import torch
 
-from shoal.plan.compute_probe import cold_and_warm, cold_and_warm_pairs, update_work
+from shoal.plan.compute_probe import cold_steps, resume_table, update_work
 
 
-def test_cold_and_warm_times_a_step_after_the_wait_and_one_right_after():
+def test_a_cold_step_is_timed_after_the_wait_and_without_it():
     calls = []
 
     def work():
         calls.append(time.perf_counter())
-        time.sleep(0.002 if len(calls) == 1 else 0.001)
+        time.sleep(0.002)
 
     began = time.perf_counter()
-    cold, warm = cold_and_warm(work, 0.01)
-    assert calls[0] - began >= 0.01  # the first call waited the idle time; it is not counted in its seconds
-    assert cold >= 0.002 and 0.001 <= warm < cold
+    (cold,) = cold_steps(work, 0.01, seconds=0.0, most=5)
+    assert calls[0] - began >= 0.01  # the call waited the idle time; it is not counted in its seconds
+    assert 0.002 <= cold < 0.01
 
 
-def test_pairs_stop_at_the_most_asked_for():
-    assert len(cold_and_warm_pairs(lambda: None, 0.0, seconds=10.0, most=7)) == 7
+def test_cold_steps_stop_at_the_most_asked_for():
+    assert len(cold_steps(lambda: None, 0.0, seconds=10.0, most=7)) == 7
 
 
-def test_pairs_stop_after_the_time_with_at_least_one():
-    pairs = cold_and_warm_pairs(lambda: None, 0.05, seconds=0.01, most=100)
-    assert len(pairs) == 1  # the first wait alone outlasts the time
-    assert 2 <= len(cold_and_warm_pairs(lambda: None, 0.01, seconds=0.05, most=100)) <= 6
+def test_cold_steps_stop_after_the_time_with_at_least_one():
+    assert len(cold_steps(lambda: None, 0.05, seconds=0.01, most=100)) == 1  # the first wait alone outlasts it
+    assert 2 <= len(cold_steps(lambda: None, 0.01, seconds=0.05, most=100)) <= 6
+
+
+class SlowAfterIdle:
+    """A step of 1 ms back to back; after an idle gap of more than 3 ms, it and the next one take 2 ms (caches
+    warm up over more than one step)."""
+
+    def __init__(self):
+        self.ended, self.cold_left = time.perf_counter(), 0
+
+    def __call__(self):
+        if time.perf_counter() - self.ended > 0.003:
+            self.cold_left = 2
+        time.sleep(0.002 if self.cold_left else 0.001)
+        self.cold_left = max(self.cold_left - 1, 0)
+        self.ended = time.perf_counter()
+
+
+def test_the_resume_table_measures_a_cold_step_beyond_back_to_back_steps_and_never_falls():
+    table = resume_table(SlowAfterIdle(), waits=(0.0005, 0.006, 0.012), seconds=0.3, most=30)
+    assert list(table) == [0.0005, 0.006, 0.012]
+    assert table[0.0005] < 0.0005  # the short wait leaves the step as it was
+    # a whole millisecond beyond the back-to-back step, though the step right after the cold one is as slow
+    assert 0.0006 <= table[0.006] <= 0.002
+    assert table[0.012] >= table[0.006]
 
 
 def test_the_timed_update_keeps_momentum_normal_and_the_probed_model_as_it_was():
