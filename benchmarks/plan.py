@@ -101,7 +101,7 @@ def calibrated(cluster: EmulatedCluster, train: Path, model: str, batches: list[
     folder.mkdir(exist_ok=True)
     for batch in batches:
         job = write_job(folder, train, model, "sync", batch, cluster.enter)
-        predicted(cluster, job, [sample] if sample.exists() else [], "sync", save=sample)
+        predicted(cluster, job, [sample] if sample.exists() else [], "sync,downpour", save=sample)  # messages too
 
 
 def later_epochs(run_dir: Path) -> dict:

@@ -150,3 +150,38 @@ def test_repeated_profiles_plan_from_their_median(planned, capsys, tmp_path):
         assert main(["plan", str(job_path), *options, "--nodes", "1,2", "--json"]) == 0
         plans.append(json.loads(capsys.readouterr().out)["predictions"])
     assert plans[0] == plans[1]
+
+
+def test_the_networks_messages_are_measured_only_for_a_parameter_server(planned, capsys, tmp_path, monkeypatch):
+    """A plan of collective algorithms alone measures all-reduces only (on a 10 Mbit/s link half the probe's
+    time); a later plan with a server measures the network again, messages too, rather than price its
+    messages on the ring's link. A described network is taken as given. (The probe itself: test_network_probe.)"""
+    from shoal.plan import calibrate
+
+    job_path, profile_path, profile = planned
+    asked = []
+    ring = Link(5e-4, 1.25e7, points=((2048, 6e-4), (65536, 5e-3)))
+
+    def measure_network(hosts, template, port, per_node, message, messages=True):
+        asked.append((hosts, messages))
+        return Network(across=ring, inside=Link(3e-5, 2e9), source="measured between a and b",
+                       message_across=Link(1e-4, 1.2e7, points=((4096, 4e-4),)) if messages else None)
+
+    monkeypatch.setattr(calibrate, "measure_network", measure_network)
+    collective, served = tmp_path / "collective.json", tmp_path / "served.json"
+    Profile(machine=profile.machine, compute=profile.compute).save(collective)
+    plan = ["plan", str(job_path), "--hosts", "a,b", "--json"]
+    assert main([*plan, "--algorithms", "sync,averaging", "--profile", str(collective),
+                 "--save-profile", str(collective)]) == 0
+    assert asked == [(["a", "b"], False)]
+    assert load_profile(collective).network.message_across is None
+    assert main([*plan, "--algorithms", "sync", "--profile", str(collective)]) == 0
+    assert len(asked) == 1  # what collectives need is there
+    assert main([*plan, "--algorithms", "downpour", "--profile", str(collective), "--save-profile", str(served)]) == 0
+    assert asked[1:] == [(["a", "b"], True)]
+    assert load_profile(served).network.message_across.points == ((4096, 4e-4),)
+    assert main([*plan, "--algorithms", "downpour", "--profile", str(served)]) == 0
+    assert main(["plan", str(job_path), "--algorithms", "downpour", "--profile", str(collective), "--json"]) == 0
+    assert main([*plan, "--algorithms", "downpour", "--profile", str(profile_path)]) == 0  # described
+    assert len(asked) == 2
+    capsys.readouterr()

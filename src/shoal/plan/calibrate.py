@@ -50,34 +50,40 @@ def described_network(rate: str, latency: str, inside: Link = LOOPBACK) -> Netwo
     return Network(across=link, inside=inside, source=f"described: {rate}, {latency} per message")
 
 
-def measured_pair(first: str, second: str, template: str | None, port: int, sizes: list[int]) -> dict:
-    """Rank 0 on `first`, rank 1 on `second` (through `template`, or here when it is None)."""
+def measured_pair(first: str, second: str, template: str | None, port: int, sizes: list[int],
+                  messages: bool = True) -> dict:
+    """Rank 0 on `first`, rank 1 on `second` (through `template`, or here when it is None); point-to-point
+    messages timed too with `messages`."""
     address = first if template else "127.0.0.1"
-    commands = [probe_command(rank, address, peer if template else address, port, sizes)
+    commands = [probe_command(rank, address, peer if template else address, port, sizes, messages=messages)
                 for rank, peer in enumerate((second, first))]
     if template:
         commands = [remote_command(template, host, command) for host, command in zip((first, second), commands)]
     return run_pair(commands, f"{first} and {second}")
 
 
-def measure_network(hosts: list[str], template: str, port: int, per_node: int, message: int) -> Network:
-    """The link between the first two hosts, and loopback on the first when workers share a machine, at
-    sizes around `message` bytes."""
+def measure_network(hosts: list[str], template: str, port: int, per_node: int, message: int,
+                    messages: bool = True) -> Network:
+    """The link between the first two hosts (its point-to-point messages too with `messages`: a parameter
+    server is planned), and loopback on the first when workers share a machine, at sizes around `message`
+    bytes."""
     print(f"shoal plan: measuring the network between {hosts[0]} and {hosts[1]}", file=sys.stderr)
     sizes = probe_sizes(message)
-    results = measured_pair(hosts[0], hosts[1], template, port, sizes)
+    results = measured_pair(hosts[0], hosts[1], template, port, sizes, messages)
     across, message_link = links(results)
     inside = LOOPBACK
     if per_node > 1:
-        inside, _ = links(measured_pair(hosts[0], hosts[0], template, port, sizes))
+        # a server among workers of one machine is priced on loopback's ring link: no messages timed there
+        inside, _ = links(measured_pair(hosts[0], hosts[0], template, port, sizes, messages=False))
     return Network(across=across, inside=inside, message_across=message_link,
                    slowest_host=results["pace"], source=f"measured between {hosts[0]} and {hosts[1]}")
 
 
 def calibrate(job: JobConfig, profile: Profile | None, *, threads: int, hosts: list[str] | None = None,
-              described: Network | None = None, per_node: int = 1) -> Profile:
+              described: Network | None = None, per_node: int = 1, messages: bool = True) -> Profile:
     """A profile for planning `job`: what `profile` holds that still applies, the rest measured, or the
-    network `described`."""
+    network `described`. `messages`: a parameter server is planned, so the network's point-to-point
+    messages are measured too (a saved measured network without them is measured again)."""
     profile = profile or Profile()
     compute = profile.compute
     if compute is None or compute.threads != threads or compute.model != model_key_of(job):
@@ -88,12 +94,22 @@ def calibrate(job: JobConfig, profile: Profile | None, *, threads: int, hosts: l
         print(f"shoal plan: measuring the training loop at batch {job.train.batch_size}", file=sys.stderr)
         compute = with_loop_at(compute, job, threads)
     network = described or profile.network
-    if network is None and hosts and len(hosts) > 1:
-        network = measure_network(hosts, job.cluster.remote, job.cluster.port, per_node, 4 * compute.parameters)
+    can_measure = bool(hosts) and len(hosts) > 1
+    if described is None and network is not None and can_measure and messages and lacks_messages(network):
+        network = None  # measured for collectives alone: a server's messages cost more than a ring's halves
+    if network is None and can_measure:
+        network = measure_network(hosts, job.cluster.remote, job.cluster.port, per_node, 4 * compute.parameters,
+                                  messages)
     elif network is None:
         network = described_network(DEFAULT_RATE, DEFAULT_LATENCY)
     machine = profile.machine if compute is profile.compute and profile.machine else describe()
     return Profile(machine=machine, compute=compute, network=network)
+
+
+def lacks_messages(network: Network) -> bool:
+    """A measured network (its links keep their points; a described one has none) without point-to-point
+    messages: it was measured for collective algorithms alone."""
+    return bool(network.across.points) and network.message_across is None
 
 
 def model_key_of(job: JobConfig) -> str:

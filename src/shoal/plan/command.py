@@ -10,6 +10,7 @@ from shoal.errors import ConfigError
 from shoal.plan.calibrate import DEFAULT_LATENCY, LOOPBACK, calibrate, described_network
 from shoal.plan.median import median_profile
 from shoal.plan.planner import COMPARED, Plan, job_shape, make_plan
+from shoal.plan.predict import is_server
 from shoal.plan.profile import Profile, load_profile
 from shoal.plan.render import plot, render
 
@@ -52,8 +53,9 @@ def check_options(args) -> None:
             raise ConfigError(f"{option}: no folder {path.parent} to write {path.name} in")
 
 
-def profile_for(job: JobConfig, args, hosts: list[str] | None) -> Profile:
-    """The saved profile, completed by measurement, or with the network the options describe."""
+def profile_for(job: JobConfig, args, hosts: list[str] | None, messages: bool = True) -> Profile:
+    """The saved profile, completed by measurement, or with the network the options describe; `messages`: a
+    parameter server is planned (its point-to-point messages are measured)."""
     threads = job.cluster.threads or max(1, cores() // args.workers_per_node)
     profile = median_profile([(path, load_profile(path)) for path in args.profile]) if args.profile else None
     described = None
@@ -61,7 +63,7 @@ def profile_for(job: JobConfig, args, hosts: list[str] | None) -> Profile:
         inside = profile.network.inside if profile and profile.network else LOOPBACK
         described = described_network(args.link, args.latency or DEFAULT_LATENCY, inside)
     profile = calibrate(job, profile, threads=threads, hosts=hosts, described=described,
-                        per_node=args.workers_per_node)
+                        per_node=args.workers_per_node, messages=messages)
     if args.save_profile:
         profile.save(args.save_profile)
         print(f"shoal plan: profile saved to {args.save_profile}", file=sys.stderr)
@@ -74,8 +76,9 @@ def plan_job(job: JobConfig, args) -> tuple[Plan, str]:
     hosts = [host.strip() for host in args.hosts.split(",")] if args.hosts else None
     nodes = node_counts(args.nodes, hosts)
     names = algorithms(args.algorithms, job)
-    profile = profile_for(job, args, hosts)
-    plan = make_plan([job_shape(job, args.rows, name) for name in names], nodes, args.workers_per_node, profile)
+    shapes = [job_shape(job, args.rows, name) for name in names]
+    profile = profile_for(job, args, hosts, messages=any(is_server(shape) for shape in shapes))
+    plan = make_plan(shapes, nodes, args.workers_per_node, profile)
     if args.plot:
         print(f"shoal plan: curves in {plot(plan, args.plot)}", file=sys.stderr)
     return plan, render(plan, profile, args.workers_per_node)

@@ -1,9 +1,9 @@
 """Measure the network between machines with the job's own transport: torch.distributed over gloo.
 
 Two ranks, started on two hosts through the cluster's remote command (`ssh {host}`) or both on
-this machine, time point-to-point messages (a ping-pong as a trainer and its server exchange,
-halved) and all-reduces at a few sizes, each after a compute burst as a training step would send
-them, and compare the hosts' speed.
+this machine, time all-reduces and point-to-point messages (a ping-pong as a trainer and its server
+exchange, halved; left out when no parameter server is planned) at a few sizes, each after a compute
+burst as a training step would send them, and compare the hosts' speed.
 A straight line through each set of points gives the link as the planner prices it: a fixed cost
 per message (the wire's latency plus the software's per-message work) and a bandwidth. Rank 0
 prints the measurements as one JSON line.
@@ -50,11 +50,11 @@ def repeat(work, seconds: float, least: int = 3) -> float:
     work()
     start = time.perf_counter()
     work()
-    first = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    samples = [time.perf_counter() - start]  # warm already: on a 10 Mbit/s link a call of 1 MB each way is 2 s
+    first = torch.tensor(samples, dtype=torch.float64)
     dist.all_reduce(first, op=dist.ReduceOp.MAX)
     count = int(min(max(seconds / max(first.item(), 1e-6), least), MAX_REPEATS))
-    samples = []
-    for _ in range(count):
+    for _ in range(count - 1):
         start = time.perf_counter()
         work()
         samples.append(time.perf_counter() - start)
@@ -81,18 +81,18 @@ def work_burst():
 PACE_ROUNDS = 5  # side-by-side rounds of the burst; their median ratio is the pace
 
 
-def measure(rank: int, sizes: tuple[int, ...], seconds: float) -> dict:
+def measure(rank: int, sizes: tuple[int, ...], seconds: float, messages: bool = True) -> dict:
     """Per size, what an exchange costs a step on a busy worker, where the kernel's network work takes turns
-    with the computation on the same core: one message's seconds (half a ping-pong) and an all-reduce's,
-    each right after a compute burst, less the burst's own time. And the hosts' pace: the burst's time
-    on each host over rank 0's, both timed at once."""
+    with the computation on the same core: an all-reduce's seconds and (with `messages`, for a parameter
+    server's plan) one message's (half a ping-pong), each right after a compute burst, less the burst's own
+    time. And the hosts' pace: the burst's time on each host over rank 0's, both timed at once."""
     import torch.distributed as dist
 
     burst = work_burst()
     alone, pace = side_by_side(burst, seconds)
     results = {"loaded_message": {}, "loaded_all_reduce": {}, "pace": pace}
     for size in sizes:
-        measure_size(rank, size, burst, alone, seconds, results)
+        measure_size(rank, size, burst, alone, seconds, results, messages)
         dist.barrier()
     return results
 
@@ -113,8 +113,8 @@ def side_by_side(burst, seconds: float) -> tuple[float, float]:
     return float(np.median(mine)), float(np.median(ratios))
 
 
-def measure_size(rank: int, size: int, burst, alone: float, seconds: float, results: dict) -> None:
-    """One size's two figures into `results`: a message and an all-reduce, each after a burst."""
+def measure_size(rank: int, size: int, burst, alone: float, seconds: float, results: dict, messages: bool) -> None:
+    """One size's figures into `results`: an all-reduce and (with `messages`) a message, each after a burst."""
     import torch
     import torch.distributed as dist
 
@@ -134,10 +134,11 @@ def measure_size(rank: int, size: int, burst, alone: float, seconds: float, resu
     # on 1 Gbit/s: 4.7 ms on average, half of them 7.4; any work between, even 5 µs, gives 2.2 ms, against
     # 2.0 on the wire), and no server answers without reading what it got.
     least = max(3, -(-TRAFFIC_BYTES // size))  # a ping-pong, like a 2-rank all-reduce, sends `size` each way
-    loaded = repeat(lambda: (burst() if rank == 0 else None, ping_pong()), seconds, least)
-    # never below zero: `alone` is timed with both ranks at work, and two hosts sharing a machine slow each
-    # other (1.04-1.29x on a 2-core VM), so rank 0's burst alone can beat it by more than a small message costs
-    results["loaded_message"][size] = max((loaded - alone) / 2, 0.0)
+    if messages:
+        loaded = repeat(lambda: (burst() if rank == 0 else None, ping_pong()), seconds, least)
+        # never below zero: `alone` is timed with both ranks at work, and two hosts sharing a machine slow each
+        # other (1.04-1.29x on a 2-core VM), so rank 0's burst alone can beat it by more than a small message
+        results["loaded_message"][size] = max((loaded - alone) / 2, 0.0)
     reduced = repeat(lambda: (burst(), dist.all_reduce(buffer)), seconds, least)
     results["loaded_all_reduce"][size] = max(reduced - alone, 0.0)
 
@@ -150,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer", required=True, help="the other rank's host: gloo talks on the interface reaching it")
     parser.add_argument("--sizes", required=True, help="message sizes in bytes, like 4096,65536")
     parser.add_argument("--seconds", type=float, default=PROBE_SECONDS)
+    parser.add_argument("--no-messages", action="store_true",
+                        help="time all-reduces only (no parameter server is planned): on a slow link half the time")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
@@ -164,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo", store=store, rank=args.rank, world_size=2,
                             timeout=timedelta(seconds=PROBE_TIMEOUT))
     try:
-        results = measure(args.rank, tuple(int(size) for size in args.sizes.split(",")), args.seconds)
+        results = measure(args.rank, tuple(int(size) for size in args.sizes.split(",")), args.seconds,
+                          messages=not args.no_messages)
     finally:
         dist.destroy_process_group()
     if args.rank == 0:
@@ -188,14 +192,16 @@ def fit(points: dict, rounds_and_chunk) -> Link:
                 points=tuple(sorted(per_message)))
 
 
-def links(results: dict) -> tuple[Link, Link]:
-    """(the ring's link, fitted to the all-reduces of 2 ranks; the point-to-point link), both as a busy
-    worker pays them: measured right after a compute burst, the burst's own time taken off."""
+def links(results: dict) -> tuple[Link, Link | None]:
+    """(the ring's link, fitted to the all-reduces of 2 ranks; the point-to-point link, None when not
+    measured), both as a busy worker pays them: measured right after a compute burst, the burst's own time
+    taken off."""
     def ring(size: int) -> tuple[int, float]:
         exchange = ring_all_reduce(size, 2)
         return exchange.rounds, exchange.size
 
-    return fit(results["loaded_all_reduce"], ring), fit(results["loaded_message"], lambda size: (1, size))
+    messages = results.get("loaded_message")
+    return fit(results["loaded_all_reduce"], ring), fit(messages, lambda size: (1, size)) if messages else None
 
 
 def run_pair(commands: list[list[str]], where: str, timeout: float = PROBE_TIMEOUT) -> dict:
@@ -226,9 +232,10 @@ def probe_sizes(message: int) -> list[int]:
 
 
 def probe_command(rank: int, address: str, peer: str, port: int, sizes: list[int],
-                  seconds: float = PROBE_SECONDS) -> list[str]:
+                  seconds: float = PROBE_SECONDS, messages: bool = True) -> list[str]:
     return [sys.executable, "-m", "shoal.plan.network_probe", "--rank", str(rank), "--address", address,
-            "--peer", peer, "--port", str(port), "--sizes", ",".join(map(str, sizes)), "--seconds", str(seconds)]
+            "--peer", peer, "--port", str(port), "--sizes", ",".join(map(str, sizes)), "--seconds", str(seconds),
+            *([] if messages else ["--no-messages"])]
 
 
 if __name__ == "__main__":
