@@ -196,12 +196,15 @@ def server_costs(shape: Shape, layout: Layout, compute: Compute, network: Networ
     # a Downpour trainer does not step its own optimizer: it adds its gradients to the update instead
     local = 0.0 if shape.algorithm == "easgd" else copy_seconds(compute, shape.parameters) - compute.update_seconds
     work = every * max(compute.step(shape.batch) + local, 0.0) + 2 * copy_seconds(compute, shape.parameters)
+    serve = compute.update_seconds + 3 * copy_seconds(compute, shape.parameters)
     # the server's link is shared: each message's time beyond the fixed per-message cost queues there
-    services = [compute.update_seconds + 3 * copy_seconds(compute, shape.parameters),
-                max(link.seconds(update) - link.latency, 0.0), max(link.seconds(reply) - link.latency, 0.0)]
-    cycle, staleness = _server_cycle(shape, layout, compute, services, work + 2 * link.latency)
-    work += compute.resume(cycle - work)  # back from its wait, the trainer's caches are cold
-    cycle, staleness = _server_cycle(shape, layout, compute, services, work + 2 * link.latency)
+    transfers = [max(link.seconds(update) - link.latency, 0.0), max(link.seconds(reply) - link.latency, 0.0)]
+    cycle, _ = _server_cycle(shape, layout, compute, [serve, *transfers], work + 2 * link.latency)
+    # back from their waits both ends find their caches cold: the trainer after each exchange, the server
+    # after each pause between updates (on a 2-core VM every Downpour row's wait was priced short without it)
+    work += compute.resume(cycle - work)
+    serve += compute.resume(_server_idle(shape, layout, compute, serve, cycle))
+    cycle, staleness = _server_cycle(shape, layout, compute, [serve, *transfers], work + 2 * link.latency)
     return StepCosts(compute=work / every, round=cycle - work, period=every, round_bytes=update + reply,
                      staleness=staleness)
 
@@ -215,6 +218,15 @@ def _server_cycle(shape: Shape, layout: Layout, compute: Compute, services: list
         return think + clients * sum(services[1:]) + services[0] + combining, 0.0
     queue = closed_queue(services, think, clients)
     return queue.cycle, max(queue.throughput * queue.cycle - 1, 0.0)
+
+
+def _server_idle(shape: Shape, layout: Layout, compute: Compute, serve: float, cycle: float) -> float:
+    """Seconds the server's processor sits idle before each update it applies: a trainer's cycle less the
+    processing the server does in it, shared among the updates of the cycle."""
+    clients = trainers(shape, layout)
+    if shape.options.get("synchronous", False):  # one step per round, after summing every trainer's update
+        return max(cycle - serve - (clients - 1) * copy_seconds(compute, shape.parameters), 0.0)
+    return max(cycle / clients - serve, 0.0)
 
 
 def _exchange_period(shape: Shape) -> int:

@@ -81,9 +81,10 @@ def test_a_worker_back_from_a_wait_pays_its_cold_start_in_compute():
     assert found.compute_seconds == pytest.approx(50 * (0.01 + resume))
     assert found.communication_seconds == pytest.approx(50 * reduce)  # the wait itself is unchanged
     server = predict(shape("downpour"), Layout(2, 1), cold, NETWORK)
-    exchange = 2 * ACROSS.seconds(999 * 4 + 64) + 0.001
-    assert server.compute_seconds == pytest.approx(100 * (0.01 - 0.001 + cold.resume(exchange)))
-    assert server.communication_seconds == pytest.approx(100 * exchange)
+    work, exchange = 0.01 - 0.001, 2 * ACROSS.seconds(999 * 4 + 64) + 0.001
+    assert server.compute_seconds == pytest.approx(100 * (work + cold.resume(exchange)))
+    # the server idles while the trainer works and its messages travel: its step after that pause is cold too
+    assert server.communication_seconds == pytest.approx(100 * (exchange + cold.resume(work + exchange - 0.001)))
     one = predict(shape(), Layout(1, 1), cold, NETWORK)
     assert one.epoch_seconds == pytest.approx(100 * 0.01)  # no wait, nothing to pay
 
@@ -95,6 +96,9 @@ def test_an_asynchronous_server_saturates_and_its_updates_grow_stale():
     assert found.staleness == pytest.approx(7, abs=1e-6)  # every other trainer's update comes first
     per_update = found.epoch_seconds / found.steps / found.trainers
     assert per_update == pytest.approx(0.05, rel=0.01)  # the busiest station, the server's processor, sets the pace
+    cold = compute(update_seconds=0.05, resume_seconds={0.001: 0.0002, 0.1: 0.004})
+    busy = predict(shape("downpour", rows=80_000), Layout(9, 1), cold, NETWORK)
+    assert busy.epoch_seconds == pytest.approx(found.epoch_seconds, rel=0.01)  # a busy server never goes cold
 
 
 def test_a_plan_finds_the_crossover_and_recommends_the_smallest_cluster_near_the_fastest():
