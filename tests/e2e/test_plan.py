@@ -122,6 +122,7 @@ def test_a_measured_profile_gains_the_loop_factor_at_a_new_batch_size(planned, c
         return 4.0, 0.0025  # start-up, and one real step at batch 64 (probed: 0.002)
 
     monkeypatch.setattr(compute_probe, "measure_loop", real_loop)
+    monkeypatch.setattr(compute_probe.ComputeProbe, "step", lambda probe, batch: [0.002])  # as the profile has
     measured = dataclasses.replace(profile.compute, loop_factors={256: 1.1})
     Profile(machine=profile.machine, compute=measured, network=profile.network).save(profile_path)
     saved = tmp_path / "grown.json"

@@ -5,10 +5,10 @@ steps of the job's own model on rows of its own training set (sliced and convert
 loader does), at a ladder of batch sizes; the optimizer's step; a flat copy (packing
 messages); evaluation's forward pass; the store's read rate; the spread between two workers'
 step times (what a per-step collective waits for); a step after idle waits of 1 to 256 ms (what
-a worker back from the network pays: its caches went cold while it waited). Then one short real
-job of the model (one worker, rows drawn from its training set) gives the start-up every job
-pays and the real loop's step, which scales the probed steps: the loop's own per-step work is
-measured, not guessed.
+a worker back from the network pays: its caches went cold while it waited). And one short real
+job of the model (one worker, rows drawn from its training set), between two timings of the
+probed step, gives the start-up every job pays and the real loop's step, which scales the
+probed steps: the loop's own per-step work is measured, not guessed.
 """
 
 from __future__ import annotations
@@ -197,31 +197,44 @@ def batch_ladder(batch: int) -> list[int]:
 
 
 def measure_compute(job: JobConfig, threads: int) -> Compute:
-    """The job's compute here with `threads` threads: the kernels probed in this process, then one short
-    real job of the model, whose start-up is measured and whose steps scale the probed ones."""
-    startup, real_step = measure_loop(job, threads)
+    """The job's compute here with `threads` threads: the kernels probed in this process, and one short real
+    job of the model, whose start-up is measured and whose steps scale the probed ones."""
     probe = ComputeProbe(job, threads)
     try:
+        startup, factor = timed_loop(probe, job, threads)
         compute = probe.measure(batch_ladder(job.train.batch_size), startup)
     finally:
         probe.loader.close()
-    compute.loop_factors = {job.train.batch_size: loop_factor(compute, job.train.batch_size, real_step)}
+    compute.loop_factors = {job.train.batch_size: factor}
     return compute
 
 
 def with_loop_at(compute: Compute, job: JobConfig, threads: int) -> Compute:
     """`compute`, with the real loop's factor at the job's batch size measured (a short real job): the loop's
     share of a step differs from one batch size to another."""
+    probe = ComputeProbe(job, threads)
+    try:
+        _, factor = timed_loop(probe, job, threads)
+    finally:
+        probe.loader.close()
+    return dataclasses.replace(compute, loop_factors={**compute.loop_factors, job.train.batch_size: factor})
+
+
+def timed_loop(probe: ComputeProbe, job: JobConfig, threads: int) -> tuple[float, float]:
+    """(the start-up of a short real job, its loop factor at the job's batch: the real loop's step over the
+    probed one). The probed step is timed right before and right after the real job, so that a slow spell of
+    the machine (minutes long on a VM) weighs on both sides of the ratio, not on the real job's alone (timed
+    apart, three calibrations of one machine read 1.02, 1.67 and 1.29 at batch 128, their probed steps 0.68
+    to 0.69 ms)."""
     batch = job.train.batch_size
-    _, real_step = measure_loop(job, threads)
-    return dataclasses.replace(compute, loop_factors={**compute.loop_factors,
-                                                      batch: loop_factor(compute, batch, real_step)})
+    before = probe.step(batch)
+    startup, real_step = measure_loop(job, threads)
+    return startup, loop_factor(real_step, float(np.mean(before + probe.step(batch))))
 
 
-def loop_factor(compute: Compute, batch: int, real_step: float) -> float:
-    """The real loop's step at `batch` over the probed one (kept within 0.5-3: beyond, a measurement failed)."""
-    probed = dataclasses.replace(compute, loop_factors={}).step(batch)
-    return min(max(real_step / probed, 0.5), 3.0) if probed > 0 else 1.0
+def loop_factor(real_step: float, probed_step: float) -> float:
+    """The real loop's step over the probed one (kept within 0.5-3: beyond, a measurement failed)."""
+    return min(max(real_step / probed_step, 0.5), 3.0) if probed_step > 0 else 1.0
 
 
 LOOP_STEPS = 100  # steps per epoch of the calibration job

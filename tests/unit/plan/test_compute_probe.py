@@ -4,10 +4,12 @@ of what such a step costs, and its timed optimizer update."""
 from __future__ import annotations
 
 import time
+import types
 
 import torch
 
-from shoal.plan.compute_probe import cold_steps, resume_table, update_work
+from shoal.plan import compute_probe
+from shoal.plan.compute_probe import cold_steps, resume_table, timed_loop, update_work
 
 
 def test_a_cold_step_is_timed_after_the_wait_and_without_it():
@@ -68,3 +70,23 @@ def test_the_timed_update_keeps_momentum_normal_and_the_probed_model_as_it_was()
                    for parameter in group["params"]):
         assert torch.all(buffer.abs() >= torch.finfo(torch.float32).tiny)
     assert all(parameter.equal(old) for parameter, old in zip(model.parameters(), before))
+
+
+def test_the_loop_factor_divides_the_real_step_by_the_probed_one_timed_before_and_after_it(monkeypatch):
+    """A slow spell through the real job and the probe's second timing moves both sides of the ratio."""
+    events = []
+
+    class Probe:
+        def step(self, batch):
+            events.append(("probe", batch))
+            return [0.001, 0.001] if len(events) == 1 else [0.003, 0.003]
+
+    def real_job(job, threads):
+        events.append(("real job", job.train.batch_size))
+        return 4.0, 0.003
+
+    monkeypatch.setattr(compute_probe, "measure_loop", real_job)
+    job = types.SimpleNamespace(train=types.SimpleNamespace(batch_size=128))
+    assert timed_loop(Probe(), job, threads=1) == (4.0, 1.5)
+    assert events == [("probe", 128), ("real job", 128), ("probe", 128)]
+    assert compute_probe.loop_factor(0.1, 0.001) == 3.0 and compute_probe.loop_factor(0.001, 0.0) == 1.0
