@@ -61,7 +61,14 @@ def dataset(path: Path) -> str:
 def start(code: str, *arguments: str, temporary: Path | None = None) -> subprocess.Popen:
     environment = dict(os.environ, **({"TMPDIR": str(temporary)} if temporary else {}))
     return subprocess.Popen([sys.executable, "-c", code, *arguments], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=environment)
+                            stderr=subprocess.PIPE, text=True, env=environment, preexec_fn=default_stop_signals)
+
+
+def default_stop_signals() -> None:
+    """The stop signals as a program started from a terminal has them: a suite run under `nohup` (or in the
+    background of a script) passes them on ignored, and shoal rightly leaves an ignored signal ignored."""
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(number, signal.SIG_DFL)
 
 
 def wait_for(condition, process: subprocess.Popen, what: str) -> None:
