@@ -92,7 +92,7 @@ def measure(rank: int, sizes: tuple[int, ...], seconds: float, messages: bool = 
     alone, pace = side_by_side(burst, seconds)
     results = {"loaded_message": {}, "loaded_all_reduce": {}, "pace": pace}
     for size in sizes:
-        measure_size(rank, size, burst, alone, seconds, results, messages)
+        measure_size(rank, size, burst, (alone, alone * pace), seconds, results, messages)
         dist.barrier()
     return results
 
@@ -113,8 +113,10 @@ def side_by_side(burst, seconds: float) -> tuple[float, float]:
     return float(np.median(mine)), float(np.median(ratios))
 
 
-def measure_size(rank: int, size: int, burst, alone: float, seconds: float, results: dict, messages: bool) -> None:
-    """One size's figures into `results`: an all-reduce and (with `messages`) a message, each after a burst."""
+def measure_size(rank: int, size: int, burst, bursts: tuple[float, float], seconds: float, results: dict,
+                 messages: bool) -> None:
+    """One size's figures into `results`: an all-reduce and (with `messages`) a message, each after a burst, less
+    the burst's seconds (`bursts`: rank 0's and the slowest rank's, timed side by side)."""
     import torch
     import torch.distributed as dist
 
@@ -134,13 +136,15 @@ def measure_size(rank: int, size: int, burst, alone: float, seconds: float, resu
     # on 1 Gbit/s: 4.7 ms on average, half of them 7.4; any work between, even 5 µs, gives 2.2 ms, against
     # 2.0 on the wire), and no server answers without reading what it got.
     least = max(3, -(-TRAFFIC_BYTES // size))  # a ping-pong, like a 2-rank all-reduce, sends `size` each way
+    alone, slowest = bursts
     if messages:
         loaded = repeat(lambda: (burst() if rank == 0 else None, ping_pong()), seconds, least)
         # never below zero: `alone` is timed with both ranks at work, and two hosts sharing a machine slow each
         # other (1.04-1.29x on a 2-core VM), so rank 0's burst alone can beat it by more than a small message
         results["loaded_message"][size] = max((loaded - alone) / 2, 0.0)
     reduced = repeat(lambda: (burst(), dist.all_reduce(buffer)), seconds, least)
-    results["loaded_all_reduce"][size] = max(reduced - alone, 0.0)
+    # an all-reduce ends after the slowest rank's burst, whose pace the plan prices in compute: not twice
+    results["loaded_all_reduce"][size] = max(reduced - slowest, 0.0)
 
 
 def main(argv: list[str] | None = None) -> int:
