@@ -6,16 +6,9 @@ alone); here both patterns run, the point-to-point messages a parameter server's
 
 from __future__ import annotations
 
-import socket
-
 from shoal.plan.calibrate import measured_pair
 from shoal.plan.network_probe import links
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from tests.distributed.harness import free_port
 
 
 def test_both_patterns_are_timed_at_every_size_and_give_two_links():

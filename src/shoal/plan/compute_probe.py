@@ -110,6 +110,12 @@ class ComputeProbe:
         self.parameters = sum(p.numel() for p in self.model.parameters())
         self.order = np.random.default_rng(0).permutation(self.loader.rows)
 
+    def __enter__(self) -> ComputeProbe:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.loader.close()
+
     def step_work(self, batch: int):
         """One step as the training loop takes it: slicing and converting a batch, forward, backward, the
         optimizer's step and reading the loss."""
@@ -199,12 +205,9 @@ def batch_ladder(batch: int) -> list[int]:
 def measure_compute(job: JobConfig, threads: int) -> Compute:
     """The job's compute here with `threads` threads: the kernels probed in this process, and one short real
     job of the model, whose start-up is measured and whose steps scale the probed ones."""
-    probe = ComputeProbe(job, threads)
-    try:
+    with ComputeProbe(job, threads) as probe:
         startup, factor = timed_loop(probe, job, threads)
         compute = probe.measure(batch_ladder(job.train.batch_size), startup)
-    finally:
-        probe.loader.close()
     compute.loop_factors = {job.train.batch_size: factor}
     return compute
 
@@ -212,11 +215,8 @@ def measure_compute(job: JobConfig, threads: int) -> Compute:
 def with_loop_at(compute: Compute, job: JobConfig, threads: int) -> Compute:
     """`compute`, with the real loop's factor at the job's batch size measured (a short real job): the loop's
     share of a step differs from one batch size to another."""
-    probe = ComputeProbe(job, threads)
-    try:
+    with ComputeProbe(job, threads) as probe:
         _, factor = timed_loop(probe, job, threads)
-    finally:
-        probe.loader.close()
     return dataclasses.replace(compute, loop_factors={**compute.loop_factors, job.train.batch_size: factor})
 
 
