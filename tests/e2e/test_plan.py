@@ -9,7 +9,7 @@ import pytest
 
 from shoal.api import resolve_job
 from shoal.cli import main
-from shoal.plan.calibrate import model_key_of
+from shoal.plan.calibrate import described_network, model_key_of
 from shoal.plan.costs import Link
 from shoal.plan.planner import job_shape
 from shoal.plan.predict import Layout, predict
@@ -41,7 +41,8 @@ threads = 1
                       update_seconds=1e-4, copy_seconds_per_byte=1e-10, evaluate_seconds_per_row=1e-6,
                       load_rows_per_second=2e5, startup_seconds=4.0, step_spread=2e-5)
     profile = Profile(machine={"host": "test"}, compute=compute,
-                      network=Network(across=Link(5e-4, 1.25e7), inside=Link(3e-5, 2e9), source="test"))
+                      network=Network(across=Link(5e-4, 1.25e7), inside=Link(3e-5, 2e9, points=((4096, 5e-5),)),
+                                      source="test"))  # loopback measured: workers sharing a machine need it
     profile.save(tmp_path / "profile.json")
     return job_path, tmp_path / "profile.json", profile
 
@@ -163,7 +164,7 @@ def test_the_networks_messages_are_measured_only_for_a_parameter_server(planned,
     asked = []
     ring = Link(5e-4, 1.25e7, points=((2048, 6e-4), (65536, 5e-3)))
 
-    def measure_network(hosts, template, port, per_node, message, messages=True):
+    def measure_network(hosts, template, port, message, messages=True):
         asked.append((hosts, messages))
         return Network(across=ring, inside=Link(3e-5, 2e9), source="measured between a and b",
                        message_across=Link(1e-4, 1.2e7, points=((4096, 4e-4),)) if messages else None)
@@ -186,3 +187,41 @@ def test_the_networks_messages_are_measured_only_for_a_parameter_server(planned,
     assert main([*plan, "--algorithms", "downpour", "--profile", str(profile_path)]) == 0  # described
     assert len(asked) == 2
     capsys.readouterr()
+
+
+def test_workers_sharing_a_machine_have_its_loopback_measured(planned, capsys, tmp_path, monkeypatch):
+    """Several workers per machine: loopback is measured, not assumed (on this machine without --hosts, on the
+    first host with them) and saved with the profile; one worker per machine never measures it."""
+    from shoal.plan import calibrate
+
+    job_path, _, profile = planned
+    asked = []
+
+    def measured_pair(first, second, template, port, sizes, messages=True):
+        asked.append((first, second, template, messages))
+        return {"loaded_all_reduce": {size: 1e-3 + size / 1e8 for size in sizes}, "pace": 1.0}
+
+    monkeypatch.setattr(calibrate, "measured_pair", measured_pair)
+    assumed, measured = tmp_path / "assumed.json", tmp_path / "measured.json"
+    Profile(machine=profile.machine, compute=profile.compute,
+            network=described_network("1gbit", "0.1ms")).save(assumed)
+    plan = ["plan", str(job_path), "--nodes", "1", "--algorithms", "sync", "--json"]
+    assert main([*plan, "--profile", str(assumed)]) == 0
+    assert asked == []
+    single = json.loads(capsys.readouterr().out)["predictions"][0]
+    assert single["communication_seconds"] == 0
+    assert main([*plan, "--profile", str(assumed), "--workers-per-node", "2", "--save-profile", str(measured)]) == 0
+    assert asked == [("127.0.0.1", "127.0.0.1", None, False)]
+    shared = json.loads(capsys.readouterr().out)["predictions"][0]
+    inside = load_profile(measured).network.inside
+    assert inside.points and inside.latency > 3e-4  # the stand-in's 1 ms an all-reduce, not loopback's 30 µs
+    assumed_costs = predict(job_shape(resolve_job(job_path, []), None, "sync"), Layout(1, 2), profile.compute,
+                            described_network("1gbit", "0.1ms"))
+    assert shared["communication_seconds"] > 5 * assumed_costs.communication_seconds
+    assert main(["plan", str(job_path), "--nodes", "1", "--algorithms", "sync", "--profile", str(measured),
+                 "--workers-per-node", "2"]) == 0
+    assert len(asked) == 1  # reused from the profile
+    assert "loopback: measured: " in capsys.readouterr().out
+    assert main(["plan", str(job_path), "--algorithms", "sync", "--profile", str(assumed), "--workers-per-node", "2",
+                 "--hosts", "node7"]) == 0
+    assert asked[1][:2] == ("node7", "node7") and asked[1][2] is not None  # through the cluster's remote command

@@ -4,13 +4,15 @@ Compute is measured here for the job's model (a profile measured on another mode
 reused for it), and the real training loop at the job's batch size (a measured profile gains
 one loop factor per batch size it is planned at). A saved profile's network is reused;
 otherwise the network is measured between the first two of the given hosts, each rank started
-through the cluster's remote command, and loopback (workers of one machine) on the first host
-when several workers share a machine. A link the user describes (`--link 1gbit --latency
-0.1ms`) is taken as given.
+through the cluster's remote command. When several workers share a machine, loopback is measured
+on the first host (on this machine when no host is given): assumed, it priced the all-reduce of
+127 kB between two busy workers of a 2-core VM at 0.2 ms a step, where it took 1.8-2.0 ms. A link
+the user describes (`--link 1gbit --latency 0.1ms`) is taken as given.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 
@@ -24,7 +26,8 @@ from shoal.plan.network_probe import links, probe_command, probe_sizes, run_pair
 from shoal.plan.profile import Network, Profile
 
 DEFAULT_RATE, DEFAULT_LATENCY = "1gbit", "0.1ms"
-LOOPBACK = Link(latency=30e-6, bandwidth=2e9)  # the default inside a machine when not measured
+LOOPBACK = Link(latency=30e-6, bandwidth=2e9)  # inside a machine, where one worker per machine never uses it
+LOCAL = "127.0.0.1"
 RATE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
@@ -54,7 +57,7 @@ def measured_pair(first: str, second: str, template: str | None, port: int, size
                   messages: bool = True) -> dict:
     """Rank 0 on `first`, rank 1 on `second` (through `template`, or here when it is None); point-to-point
     messages timed too with `messages`."""
-    address = first if template else "127.0.0.1"
+    address = first if template else LOCAL
     commands = [probe_command(rank, address, peer if template else address, port, sizes, messages=messages)
                 for rank, peer in enumerate((second, first))]
     if template:
@@ -62,21 +65,24 @@ def measured_pair(first: str, second: str, template: str | None, port: int, size
     return run_pair(commands, f"{first} and {second}")
 
 
-def measure_network(hosts: list[str], template: str, port: int, per_node: int, message: int,
-                    messages: bool = True) -> Network:
+def measure_network(hosts: list[str], template: str, port: int, message: int, messages: bool = True) -> Network:
     """The link between the first two hosts (its point-to-point messages too with `messages`: a parameter
-    server is planned), and loopback on the first when workers share a machine, at sizes around `message`
-    bytes."""
+    server is planned), at sizes around `message` bytes; loopback assumed (`calibrate` measures it where
+    workers share a machine)."""
     print(f"shoal plan: measuring the network between {hosts[0]} and {hosts[1]}", file=sys.stderr)
     sizes = probe_sizes(message)
     results = measured_pair(hosts[0], hosts[1], template, port, sizes, messages)
     across, message_link = links(results)
-    inside = LOOPBACK
-    if per_node > 1:
-        # a server among workers of one machine is priced on loopback's ring link: no messages timed there
-        inside, _ = links(measured_pair(hosts[0], hosts[0], template, port, sizes, messages=False))
-    return Network(across=across, inside=inside, message_across=message_link,
+    return Network(across=across, inside=LOOPBACK, message_across=message_link,
                    slowest_host=results["pace"], source=f"measured between {hosts[0]} and {hosts[1]}")
+
+
+def measure_loopback(host: str | None, template: str | None, port: int, message: int) -> Link:
+    """Loopback between two workers of one machine: `host`'s (through `template`), or this one's when None. A
+    server among workers of one machine is priced on loopback's ring link, so no messages are timed there."""
+    print(f"shoal plan: measuring loopback on {host or 'this machine'}", file=sys.stderr)
+    where = host or LOCAL
+    return links(measured_pair(where, where, template if host else None, port, probe_sizes(message), False))[0]
 
 
 def calibrate(job: JobConfig, profile: Profile | None, *, threads: int, hosts: list[str] | None = None,
@@ -98,10 +104,13 @@ def calibrate(job: JobConfig, profile: Profile | None, *, threads: int, hosts: l
     if described is None and network is not None and can_measure and messages and lacks_messages(network):
         network = None  # measured for collectives alone: a server's messages cost more than a ring's halves
     if network is None and can_measure:
-        network = measure_network(hosts, job.cluster.remote, job.cluster.port, per_node, 4 * compute.parameters,
-                                  messages)
+        network = measure_network(hosts, job.cluster.remote, job.cluster.port, 4 * compute.parameters, messages)
     elif network is None:
         network = described_network(DEFAULT_RATE, DEFAULT_LATENCY)
+    if per_node > 1 and not network.inside.points:  # workers share a machine: its loopback measured, not assumed
+        inside = measure_loopback(hosts[0] if hosts else None, job.cluster.remote, job.cluster.port,
+                                  4 * compute.parameters)
+        network = dataclasses.replace(network, inside=inside)
     machine = profile.machine if compute is profile.compute and profile.machine else describe()
     return Profile(machine=machine, compute=compute, network=network)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shoal.plan.costs import Link
 from shoal.plan.planner import Plan, rows_text
 from shoal.plan.profile import Profile
 from shoal.train.report import save_atomically
@@ -17,12 +18,18 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
 
 
+def link_text(link: Link) -> str:
+    return f"{link.latency * 1e3:.3f} ms per message, {link.bandwidth * 8 / 1e6:,.1f} Mbit/s"
+
+
 def render(plan: Plan, profile: Profile, per_node: int) -> str:
     compute, network = profile.compute, profile.network
     lines = [f"compute: {compute.parameters:,} parameters, {compute.threads} thread(s) per worker, "
              f"start-up {compute.startup_seconds:.1f} s (measured on {profile.machine.get('host', '?')})",
-             f"network: {network.source}: {network.across.latency * 1e3:.3f} ms per message, "
-             f"{network.across.bandwidth * 8 / 1e6:,.1f} Mbit/s", ""]
+             f"network: {network.source}: {link_text(network.across)}"]
+    if per_node > 1:
+        lines.append(f"loopback: {'measured' if network.inside.points else 'assumed'}: {link_text(network.inside)}")
+    lines.append("")
     header = ["nodes", "workers", "algorithm", "epoch", "job", "speedup", "efficiency", "comm.", "staleness"]
     smallest = min(p.nodes for p in plan.predictions)
     rows = [[str(p.nodes), str(p.workers), p.algorithm, seconds_text(p.epoch_seconds), seconds_text(p.job_seconds),
