@@ -67,3 +67,16 @@ def test_profiles_of_different_models_are_refused_naming_the_file():
     other.compute = dataclasses.replace(other.compute, model="xyz")
     with pytest.raises(ConfigError, match=r"^p1.json: compute.model: 'xyz' where p0.json has 'abc'"):
         median_profile(paths(profile(1.0), other))
+
+
+def test_a_step_and_its_loop_factor_are_kept_together_the_real_step_is_their_products_median():
+    """A factor is the real loop over the probe timed beside it: a profile whose probe read slow and whose
+    factor read low measured one real step, and its halves must not meet other profiles' halves."""
+    computes = [(0.695e-3, 1.07), (0.840e-3, 0.90), (0.713e-3, 0.61)]  # a 2-core VM's three calibrations
+    found = [dataclasses.replace(profile(1.0), compute=dataclasses.replace(
+        profile(1.0).compute, step_seconds={128: step, 1024: 4 * step}, loop_factors={128: factor}))
+        for step, factor in computes]
+    merged = median_profile(paths(*found)).compute
+    assert merged.loop_factors == {128: pytest.approx(0.90)}
+    assert merged.step(128) == pytest.approx(0.695e-3 * 1.07)  # apart, 0.713 x 0.90 = 0.642
+    assert merged.step(1024) == pytest.approx(4 * 0.695e-3 * 1.07)  # the factor at 128 holds beyond it
