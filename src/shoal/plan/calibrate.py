@@ -101,15 +101,15 @@ def calibrate(job: JobConfig, profile: Profile | None, *, threads: int, hosts: l
         compute = with_loop_at(compute, job, threads)
     network = described or profile.network
     can_measure = bool(hosts) and len(hosts) > 1
+    message = 4 * compute.parameters  # bytes of a float32 model's weights or gradients
     if described is None and network is not None and can_measure and messages and lacks_messages(network):
         network = None  # measured for collectives alone: a server's messages cost more than a ring's halves
     if network is None and can_measure:
-        network = measure_network(hosts, job.cluster.remote, job.cluster.port, 4 * compute.parameters, messages)
+        network = measure_network(hosts, job.cluster.remote, job.cluster.port, message, messages)
     elif network is None:
         network = described_network(DEFAULT_RATE, DEFAULT_LATENCY)
     if per_node > 1 and not network.inside.points:  # workers share a machine: its loopback measured, not assumed
-        inside = measure_loopback(hosts[0] if hosts else None, job.cluster.remote, job.cluster.port,
-                                  4 * compute.parameters)
+        inside = measure_loopback(hosts[0] if hosts else None, job.cluster.remote, job.cluster.port, message)
         network = dataclasses.replace(network, inside=inside)
     machine = profile.machine if compute is profile.compute and profile.machine else describe()
     return Profile(machine=machine, compute=compute, network=network)

@@ -40,21 +40,22 @@ def median_compute(computes: list[tuple[Path, Compute]]) -> Compute:
                                   f"{getattr(first, name)!r} (profiles combined must be of one model and threads)")
     values = {}
     for field in dataclasses.fields(Compute):
-        if field.name not in SAME:
+        if field.name not in (*SAME, "step_seconds"):
             values[field.name] = median_of([getattr(compute, field.name) for _, compute in computes])
     merged = dataclasses.replace(first, **values)
     return dataclasses.replace(merged, step_seconds=real_steps([compute for _, compute in computes], merged))
 
 
 def real_steps(computes: list[Compute], merged: Compute) -> dict[int, float]:
-    """Each batch size's probed step in `merged`, set so that it times `merged`'s loop factor gives the median of
-    the profiles' own real steps (probed step x loop factor). A profile's factor is its real loop over the
-    probed step timed beside it, so the two are one measurement: taken apart, one profile's slow probe and
-    another's low factor both land in the plan (on a 2-core VM 784-40-10 at batch 128 probed 0.695, 0.840 and
-    0.713 ms with factors 1.07, 0.90 and 0.61: real steps of 0.746, 0.756 and 0.434 ms, median 0.746, where
-    the medians taken apart gave 0.642 and its one-host epochs ran at 0.82-0.87 ms a step)."""
+    """Each batch size's probed step for `merged` (every other number already combined), set so that it times
+    `merged`'s loop factor gives the median of the profiles' own real steps (probed step x loop factor), over
+    the profiles that have the batch size. A profile's factor is its real loop over the probed step timed
+    beside it, so the two are one measurement: taken apart, one profile's slow probe and another's low factor
+    both land in the plan (on a 2-core VM 784-40-10 at batch 128 probed 0.695, 0.840 and 0.713 ms with
+    factors 1.07, 0.90 and 0.61: real steps of 0.746, 0.756 and 0.434 ms, median 0.746, where the medians
+    taken apart gave 0.642 and its one-host epochs ran at 0.82-0.87 ms a step)."""
     found = {}
-    for batch in merged.step_seconds:
+    for batch in dict.fromkeys(batch for compute in computes for batch in compute.step_seconds):
         real = [compute.step_seconds[batch] * compute.loop_factor(batch) for compute in computes
                 if batch in compute.step_seconds]
         found[batch] = statistics.median(real) / merged.loop_factor(batch)
