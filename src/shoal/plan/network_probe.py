@@ -182,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def fit(points: dict, rounds_and_chunk) -> Link:
     """A link through measured (bytes -> seconds) points: seconds = rounds x (latency + chunk / bandwidth),
-    least squares; a fixed cost below zero (noise at small sizes) is taken as zero."""
+    least squares; a fixed cost below zero (noise at small sizes) is taken as zero. Where the cost did not
+    grow with size (loopback, whose copies hide in the per-message work), the bandwidth is the largest
+    message's bytes over its seconds: what the link was seen to carry, not an unbounded guess."""
     sizes = sorted(int(size) for size in points)
     rows = [rounds_and_chunk(size) for size in sizes]
     design = np.array([[rounds, rounds * chunk] for rounds, chunk in rows])
@@ -191,9 +193,11 @@ def fit(points: dict, rounds_and_chunk) -> Link:
     if latency < 0:  # refit through the origin
         inverse_bandwidth = float(design[:, 1] @ seconds / (design[:, 1] @ design[:, 1]))
         latency = 0.0
-    per_message = tuple((int(chunk), float(total / rounds)) for (rounds, chunk), total in zip(rows, seconds))
-    return Link(latency=float(latency), bandwidth=1.0 / max(float(inverse_bandwidth), 1e-12),
-                points=tuple(sorted(per_message)))
+    per_message = tuple(sorted((int(chunk), float(total / rounds)) for (rounds, chunk), total in zip(rows, seconds)))
+    if inverse_bandwidth <= 0:
+        largest, largest_seconds = per_message[-1]
+        inverse_bandwidth = max(largest_seconds, 1e-9) / largest
+    return Link(latency=float(latency), bandwidth=1.0 / float(inverse_bandwidth), points=per_message)
 
 
 def links(results: dict) -> tuple[Link, Link | None]:

@@ -99,6 +99,11 @@ class Prediction:
         return self.communication_seconds / self.epoch_seconds if self.epoch_seconds > 0 else 0.0
 
 
+def epoch_steps(shape: Shape, layout: Layout) -> int:
+    """Steps in a trainer's epoch: its share of the rows in batches, the last one short."""
+    return math.ceil((shape.rows // trainers(shape, layout)) / shape.batch)
+
+
 def trainers(shape: Shape, layout: Layout) -> int:
     """Ranks that train: all of them, less a parameter server and its sub-masters."""
     if not is_server(shape):
@@ -177,10 +182,11 @@ def _rounds(shape: Shape, layout: Layout, compute: Compute, network: Network, va
         communication = (group_round + wait) / group_period
     else:
         communication = 0.0
-    if period == "epoch":
+    if period == "epoch":  # its barrier waits for the slowest worker's whole epoch of steps
+        wait = spread(compute, layout.workers) * math.sqrt(epoch_steps(shape, layout))
         return StepCosts(compute=step, communication=communication,
-                         epoch_compute=round_copies + compute.resume(round_seconds),
-                         epoch_communication=round_seconds, epoch_bytes=sent)
+                         epoch_compute=round_copies + compute.resume(round_seconds + wait),
+                         epoch_communication=round_seconds + wait, epoch_bytes=sent)
     wait = spread(compute, layout.workers) * math.sqrt(period)
     return StepCosts(compute=step + (round_copies + compute.resume(round_seconds + wait)) / period,
                      communication=communication, round=round_seconds + wait, period=period, round_bytes=sent)
@@ -254,7 +260,7 @@ def predict(shape: Shape, layout: Layout, compute: Compute, network: Network) ->
         compute = dataclasses.replace(compute, step_seconds={batch: seconds * network.slowest_host
                                                              for batch, seconds in compute.step_seconds.items()})
     costs = algorithm_costs(shape, layout, compute, network)
-    steps = math.ceil((shape.rows // count) / shape.batch)
+    steps = epoch_steps(shape, layout)
     compute_seconds = steps * costs.compute + costs.epoch_compute
     communication = steps * costs.communication + costs.rounds(steps) * costs.round + costs.epoch_communication
     epoch = compute_seconds + communication

@@ -56,6 +56,14 @@ def test_averaging_each_epoch_exchanges_the_weights_once():
     assert found.epoch_seconds == pytest.approx(25 * 0.01 + reduce)
 
 
+def test_averaging_each_epoch_waits_at_its_barrier_for_the_slowest_workers_epoch_of_steps():
+    # a period of every step of the epoch: the pair's measured spread grows as the root of the steps summed
+    found = predict(shape("averaging"), Layout(2, 1), compute(step_spread=1e-4), NETWORK)
+    reduce = 2 * (1e-3 + 999 * 4 / 2 / 1e6)
+    assert found.steps == 50
+    assert found.communication_seconds == pytest.approx(reduce + 1e-4 * math.sqrt(50))
+
+
 def test_averaging_every_period_steps_rounds_up_the_last_round():
     found = predict(shape("averaging", options={"period": 10}), Layout(2, 1), compute(), NETWORK)
     reduce = 2 * (1e-3 + 999 * 4 / 2 / 1e6)
