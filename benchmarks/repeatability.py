@@ -5,7 +5,9 @@ validation (`benchmarks.plan`) compares a prediction with a job's run minutes la
 runs the same one-worker jobs (its 1-host rows: MNIST-shaped digits, 784-40-10 and 784-256-10,
 SGD with momentum, one thread pinned to one core) several times, interleaved so that the
 machine's slow spells fall on every job alike, and reports each run's epoch (the mean of the
-epochs after the first, as the validation measures it) against the job's median run.
+epochs after the first, as the validation measures it) against the job's median run, and how far the
+epochs of one run move from each other: a machine whose speed changes within seconds moves a run's
+epochs, and a calibration taken seconds apart, alike.
 
     python -m benchmarks.repeatability [--runs 7]
 """
@@ -30,12 +32,12 @@ JOBS = (("784-40-10", 128), ("784-40-10", 1024), ("784-256-10", 128), ("784-256-
 CORE = 1  # the emulated cluster's second host's core; nothing else runs on it here
 
 
-def one_run(job, run_dir) -> float:
-    """The mean of the run's epochs after the first, its one worker pinned to CORE."""
+def one_run(job, run_dir) -> list[float]:
+    """The run's epochs after the first, its one worker pinned to CORE."""
     shutil.rmtree(run_dir, ignore_errors=True)
     subprocess.run(["taskset", "-c", str(CORE), sys.executable, "-m", "shoal", "train", str(job), "--workers", "1",
                     "--run-dir", str(run_dir)], check=True, capture_output=True, timeout=900)
-    return statistics.mean(epoch_seconds(read_history(run_dir)))
+    return epoch_seconds(read_history(run_dir))
 
 
 def job_files(folder) -> dict:
@@ -46,17 +48,20 @@ def job_files(folder) -> dict:
     jobs = {}
     for model, batch in JOBS:
         job = write_job(folder, train, model, "sync", batch, "ssh")
-        epoch = one_run(job, folder / "sizing")
+        epoch = statistics.mean(one_run(job, folder / "sizing"))
         jobs[(model, batch)] = write_job(folder, train, model, "sync", batch, "ssh", epochs_for(epoch))
     return jobs
 
 
-def summary(model: str, batch: int, runs: list[float]) -> dict:
+def summary(model: str, batch: int, epochs: list[list[float]]) -> dict:
+    """A job's runs (each the mean of its epochs) against their median, and how far epochs of one run moved."""
+    runs = [statistics.mean(run) for run in epochs]
     middle = statistics.median(runs)
     deviations = [run / middle - 1 for run in runs]
     return {"model": model, "batch": batch, "runs": runs, "median": middle,
             "largest_deviation": max(deviations, key=abs), "within_goal": sum(abs(d) <= GOAL for d in deviations),
-            "spread": max(runs) / min(runs)}
+            "spread": max(runs) / min(runs), "epochs": epochs,
+            "spread_within_run": max(max(run) / min(run) for run in epochs)}
 
 
 def report(rows: list[dict], args, seconds: float, info: dict) -> str:
@@ -69,13 +74,14 @@ def report(rows: list[dict], args, seconds: float, info: dict) -> str:
         f"{MEASURED_SECONDS:.0f} s of them), as `benchmarks.plan` measures a job; {args.runs} runs of each job, "
         f"interleaved. `.venv/bin/python -m benchmarks.repeatability --runs {args.runs}` ({seconds:.0f} s).", "",
         f"**{within} of {total} runs within {GOAL:.0%} of their job's median run.**", "",
-        "| model | batch | median s/epoch | runs (s/epoch) | largest deviation from the median | slowest / fastest |",
-        "| --- | ---: | ---: | --- | ---: | ---: |",
+        "| model | batch | median s/epoch | runs (s/epoch) | largest deviation from the median | slowest / fastest "
+        "run | slowest / fastest epoch of one run |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
     for row in rows:
         runs = ", ".join(f"{run:.3f}" for run in row["runs"])
         lines.append(f"| {row['model']} | {row['batch']} | {row['median']:.3f} | {runs} | "
-                     f"{row['largest_deviation']:+.1%} | {row['spread']:.2f} |")
+                     f"{row['largest_deviation']:+.1%} | {row['spread']:.2f} | {row['spread_within_run']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -93,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     for run in range(args.runs):
         for key, job in jobs.items():
             found[key].append(one_run(job, folder / "run"))
-            print(f"run {run + 1}: {key[0]} batch {key[1]}: {found[key][-1]:.3f} s/epoch", flush=True)
+            print(f"run {run + 1}: {key[0]} batch {key[1]}: {statistics.mean(found[key][-1]):.3f} s/epoch",
+                  flush=True)
     rows = [summary(model, batch, runs) for (model, batch), runs in found.items()]
     info = machine()
     path = write_result("repeatability", report(rows, args, time.monotonic() - began, info),
