@@ -116,12 +116,13 @@ def is_server(shape: Shape) -> bool:
     return shape.algorithm == "downpour" or (shape.algorithm == "easgd" and not shape.options.get("synchronous", False))
 
 
-def spread(compute: Compute, workers: int) -> float:
-    """The mean extra wait for the slowest of `workers` at a barrier, scaled from the measured pair by the
-    expected maximum of that many normal draws (Blom's approximation)."""
+def spread(compute: Compute, workers: int, steps: int = 1) -> float:
+    """The mean extra wait for the slowest of `workers` at a barrier `steps` steps after the last, scaled from
+    the measured pair by the expected maximum of that many normal draws (Blom's approximation) and by the root
+    of the steps summed."""
     if workers <= 1 or compute.step_spread <= 0:
         return 0.0
-    return compute.step_spread * _expected_maximum(workers) / _expected_maximum(2)
+    return compute.step_spread * _expected_maximum(workers) / _expected_maximum(2) * math.sqrt(steps)
 
 
 def _expected_maximum(draws: int) -> float:
@@ -177,17 +178,17 @@ def _rounds(shape: Shape, layout: Layout, compute: Compute, network: Network, va
     if group_period is not None:
         inside = Layout(1, max(1, layout.workers // max(1, shape.groups)))
         group_round = ring(size, inside, network) if layout.per_node >= inside.per_node else round_seconds
-        wait = spread(compute, inside.per_node) * math.sqrt(group_period)
+        wait = spread(compute, inside.per_node, group_period)
         step += (round_copies + compute.resume(group_round + wait)) / group_period
         communication = (group_round + wait) / group_period
     else:
         communication = 0.0
-    if period == "epoch":  # its barrier waits for the slowest worker's whole epoch of steps
-        wait = spread(compute, layout.workers) * math.sqrt(epoch_steps(shape, layout))
+    # each round's barrier waits for the slowest worker's steps since the last: a whole epoch's, once an epoch
+    wait = spread(compute, layout.workers, epoch_steps(shape, layout) if period == "epoch" else period)
+    if period == "epoch":
         return StepCosts(compute=step, communication=communication,
                          epoch_compute=round_copies + compute.resume(round_seconds + wait),
                          epoch_communication=round_seconds + wait, epoch_bytes=sent)
-    wait = spread(compute, layout.workers) * math.sqrt(period)
     return StepCosts(compute=step + (round_copies + compute.resume(round_seconds + wait)) / period,
                      communication=communication, round=round_seconds + wait, period=period, round_bytes=sent)
 
