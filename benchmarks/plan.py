@@ -34,6 +34,7 @@ from tests.cluster.jobs import log_of, start_on_two_hosts
 from benchmarks.common import ROOT, WORK, machine, machine_line, write_result
 from shoal.data.synthetic import synth_digits
 from shoal.events import read_history
+from shoal.plan.render import UNSTEADY
 
 RATES = {"1gbit": 100_000, "100mbit": 40_000, "10mbit": 4_000}  # link -> training rows (fewer where slow)
 MODELS = {"784-40-10": 40, "784-256-10": 256}
@@ -91,7 +92,7 @@ def predicted(cluster: EmulatedCluster, job: Path, profiles: list[Path], algorit
     if save is not None:
         command += ["--save-profile", str(save)]
     plan = json.loads(cluster.run(0, command, env=environment(), timeout=900))
-    return {row["nodes"]: row for row in plan["predictions"]}
+    return {row["nodes"]: {**row, "pace_range": plan["pace_range"]} for row in plan["predictions"]}
 
 
 def calibrated(cluster: EmulatedCluster, train: Path, model: str, batches: list[int], sample: Path) -> None:
@@ -190,22 +191,31 @@ def compared(row: dict, plan: dict, runs: list[dict]) -> dict:
     median_run = sorted(runs, key=lambda run: run["seconds"])[len(runs) // 2]  # RUNS is odd: the middle one
     row = {**row, "predicted": plan["epoch_seconds"], "predicted_communication": plan["communication_seconds"],
            "measured": median_run["seconds"], "measured_communication": median_run["communication"],
-           "runs": seconds}
+           "runs": seconds, "pace_range": plan["pace_range"]}
     row["error"] = row["predicted"] / row["measured"] - 1
     return row
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| link | rows | model | algorithm | batch | hosts | predicted s/epoch | measured s/epoch (median) | "
-             "its runs | error | predicted comm. | measured comm. |",
-             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "its runs | error | predicted comm. | measured comm. | pace range |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
         runs = ", ".join(f"{seconds:.3f}" for seconds in row["runs"])
         lines.append(f"| {row['rate']} | {row['rows']:,} | {row['model']} | {row['algorithm']} | {row['batch']} | "
                      f"{row['nodes']} | {row['predicted']:.3f} | {row['measured']:.3f} | {runs} | "
                      f"{row['error']:+.1%} | {row['predicted_communication']:.3f} | "
-                     f"{row['measured_communication']:.3f} |")
+                     f"{row['measured_communication']:.3f} | {row['pace_range']:.2f}x |")
     return "\n".join(lines)
+
+
+def unsteady_line(rows: list[dict]) -> str:
+    """How many predictions, and misses, came from profiles that the plan called unsteady (its pace range)."""
+    unsteady = [row for row in rows if row["pace_range"] > UNSTEADY]
+    missed = [row for row in rows if abs(row["error"]) > GOAL]
+    return (f"The plan called its profiles unsteady (timings of a step over {UNSTEADY}x apart) for {len(unsteady)} "
+            f"of {len(rows)} predictions; {sum(row in unsteady for row in missed)} of the {len(missed)} misses are "
+            "among them (the pace range column).")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -249,7 +259,7 @@ SGD with momentum; Downpour's server is host0's worker, its one trainer host1's.
 ({seconds:.0f} s).
 
 **{within} of {len(rows)} predictions within {GOAL:.0%} of the measurement; median error
-{statistics.median(errors):.1%}, largest {max(errors):.1%}.**
+{statistics.median(errors):.1%}, largest {max(errors):.1%}.** {unsteady_line(rows)}
 
 {table(rows)}
 """

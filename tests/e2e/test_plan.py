@@ -57,6 +57,7 @@ def test_plan_prints_a_table_crossovers_and_a_recommendation(planned, capsys, tm
         assert algorithm in out
     assert "rows from which each node count beats the one before it" in out
     assert "recommended: " in out
+    assert "unsteady" not in out  # the profile's machine held its pace
     assert (tmp_path / "plan.png").stat().st_size > 10_000
 
 
@@ -137,6 +138,26 @@ def test_a_measured_profile_gains_the_loop_factor_at_a_new_batch_size(planned, c
     assert main(["plan", str(job_path), "--profile", str(described), "--nodes", "1", "--json"]) == 0
     assert timed_batches == [64]
     capsys.readouterr()
+
+
+def test_a_plan_says_how_far_the_machines_pace_moved_while_it_was_measured(planned, capsys, tmp_path, monkeypatch):
+    """The job's step timed around the real loop (2 and 3 ms) and in the probe's rounds (2, 2.5 and 2 ms): the
+    plan warns that a step took up to 1.5x its fastest time, and its JSON carries the range."""
+    from shoal.plan import compute_probe
+
+    job_path, _, _ = planned
+    timings = iter([0.002, 0.003, 0.002, 0.0025, 0.002])
+    monkeypatch.setattr(compute_probe, "measure_loop", lambda job, threads: (4.0, 0.0025))
+    monkeypatch.setattr(compute_probe.ComputeProbe, "step",
+                        lambda probe, batch: [next(timings) if batch == 64 else 0.002 * batch / 64])
+    monkeypatch.setattr(compute_probe.ComputeProbe, "resume", lambda probe, batch: {})
+    saved = tmp_path / "measured.json"
+    assert main(["plan", str(job_path), "--link", "1gbit", "--nodes", "1,2", "--save-profile", str(saved)]) == 0
+    assert "unsteady: a step took up to 1.50x its fastest time while this machine was measured" in (
+        capsys.readouterr().out)
+    assert load_profile(saved).compute.pace_range == pytest.approx(1.5)
+    assert main(["plan", str(job_path), "--profile", str(saved), "--nodes", "1,2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pace_range"] == pytest.approx(1.5)
 
 
 def test_repeated_profiles_plan_from_their_median(planned, capsys, tmp_path):

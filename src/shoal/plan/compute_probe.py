@@ -30,7 +30,7 @@ import torch
 
 from shoal.config import JobConfig
 from shoal.data.loader import ShardLoader
-from shoal.plan.profile import Compute
+from shoal.plan.profile import Compute, slowest_over_fastest
 from shoal.train.prepare import allocate_model, make_optimizer, prepare
 
 PROBE_ROWS = 100_000  # rows read for the probe: batches gathered from as large a share as a worker's
@@ -157,12 +157,16 @@ class ComputeProbe:
         self.model.train()
         return seconds / rows
 
-    def measure(self, batches: list[int], startup: float) -> Compute:
+    def measure(self, batches: list[int], startup: float, around_loop: tuple[float, ...] = ()) -> Compute:
         """Every batch size timed in BLOCKS rounds apart in time, each round's mean kept, their median taken:
-        a moment when the machine is slow spoils one round, not the answer."""
+        a moment when the machine is slow spoils one round, not the answer. `around_loop`: the job's step as
+        timed around the real loop, which shows with the rounds how far the machine's pace moved."""
         usable = [batch for batch in batches if batch <= self.loader.rows]
         rounds = [{batch: self.step(batch) for batch in usable} for _ in range(BLOCKS)]
         own = self.job.train.batch_size if self.job.train.batch_size in usable else max(usable)
+        timings = [float(np.mean(found[own])) for found in rounds]
+        if own == self.job.train.batch_size:
+            timings += around_loop
         return Compute(model=model_key(self.prepared.spec),
                        parameters=self.parameters, threads=self.threads,
                        step_seconds={batch: _median([float(np.mean(found[batch])) for found in rounds])
@@ -171,7 +175,7 @@ class ComputeProbe:
                        evaluate_seconds_per_row=self.evaluate_per_row(),
                        load_rows_per_second=self.loader.rows / max(self.loader.load_seconds, 1e-9),
                        startup_seconds=startup, step_spread=pair_spread([t for found in rounds for t in found[own]]),
-                       resume_seconds=self.resume(own))
+                       resume_seconds=self.resume(own), pace_range=slowest_over_fastest(timings))
 
 
 GRADIENT_SCALE = 1e-2  # of the stand-in gradients: a trained model's order, far from float32's limits
@@ -206,8 +210,8 @@ def measure_compute(job: JobConfig, threads: int) -> Compute:
     """The job's compute here with `threads` threads: the kernels probed in this process, and one short real
     job of the model, whose start-up is measured and whose steps scale the probed ones."""
     with ComputeProbe(job, threads) as probe:
-        startup, factor = timed_loop(probe, job, threads)
-        compute = probe.measure(batch_ladder(job.train.batch_size), startup)
+        startup, factor, around = timed_loop(probe, job, threads)
+        compute = probe.measure(batch_ladder(job.train.batch_size), startup, around)
     compute.loop_factors = {job.train.batch_size: factor}
     return compute
 
@@ -216,20 +220,23 @@ def with_loop_at(compute: Compute, job: JobConfig, threads: int) -> Compute:
     """`compute`, with the real loop's factor at the job's batch size measured (a short real job): the loop's
     share of a step differs from one batch size to another."""
     with ComputeProbe(job, threads) as probe:
-        _, factor = timed_loop(probe, job, threads)
-    return dataclasses.replace(compute, loop_factors={**compute.loop_factors, job.train.batch_size: factor})
+        _, factor, around = timed_loop(probe, job, threads)
+    return dataclasses.replace(compute, loop_factors={**compute.loop_factors, job.train.batch_size: factor},
+                               pace_range=max(compute.pace_range, slowest_over_fastest(list(around))))
 
 
-def timed_loop(probe: ComputeProbe, job: JobConfig, threads: int) -> tuple[float, float]:
+def timed_loop(probe: ComputeProbe, job: JobConfig, threads: int) -> tuple[float, float, tuple[float, float]]:
     """(the start-up of a short real job, its loop factor at the job's batch: the real loop's step over the
-    probed one). The probed step is timed right before and right after the real job, so that a slow spell of
-    the machine (minutes long on a VM) weighs on both sides of the ratio, not on the real job's alone (timed
-    apart, three calibrations of one machine read 1.02, 1.67 and 1.29 at batch 128, their probed steps 0.68
-    to 0.69 ms)."""
+    probed one, and the probed step's two timings). The probed step is timed right before and right after the
+    real job, so that a slow spell of the machine (minutes long on a VM) weighs on both sides of the ratio,
+    not on the real job's alone (timed apart, three calibrations of one machine read 1.02, 1.67 and 1.29 at
+    batch 128, their probed steps 0.68 to 0.69 ms)."""
     batch = job.train.batch_size
     before = probe.step(batch)
     startup, real_step = measure_loop(job, threads)
-    return startup, loop_factor(real_step, float(np.mean(before + probe.step(batch))))
+    after = probe.step(batch)
+    around = (float(np.mean(before)), float(np.mean(after)))
+    return startup, loop_factor(real_step, float(np.mean(before + after))), around
 
 
 def loop_factor(real_step: float, probed_step: float) -> float:

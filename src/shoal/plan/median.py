@@ -6,6 +6,8 @@ where others read 0.99-1.04). Profiles saved at different times (`shoal plan --p
 --profile b.json --profile c.json`) give a plan that one slow or fast moment does not move: every
 number is the median of the profiles that have it, key by key in its tables, except that a step
 and its loop factor, measured together, are kept together: the real step is their product's median.
+How far the profiles' real steps lie apart is kept too (the pace range): a plan is no steadier than the
+machine it was measured on.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from shoal.errors import ConfigError
 from shoal.plan.costs import Link
-from shoal.plan.profile import Compute, Network, Profile
+from shoal.plan.profile import Compute, Network, Profile, slowest_over_fastest
 
 SAME = ("model", "parameters", "threads")  # what makes two computes measurements of one thing
 
@@ -40,8 +42,9 @@ def median_compute(computes: list[tuple[Path, Compute]]) -> Compute:
                                   f"{getattr(first, name)!r} (profiles combined must be of one model and threads)")
     values = {}
     for field in dataclasses.fields(Compute):
-        if field.name not in (*SAME, "step_seconds"):
+        if field.name not in (*SAME, "step_seconds", "pace_range"):
             values[field.name] = median_of([getattr(compute, field.name) for _, compute in computes])
+    values["pace_range"] = pace_range([compute for _, compute in computes])
     merged = dataclasses.replace(first, **values)
     return dataclasses.replace(merged, step_seconds=real_steps([compute for _, compute in computes], merged))
 
@@ -60,6 +63,15 @@ def real_steps(computes: list[Compute], merged: Compute) -> dict[int, float]:
                 if batch in compute.step_seconds]
         found[batch] = statistics.median(real) / merged.loop_factor(batch)
     return found
+
+
+def pace_range(computes: list[Compute]) -> float:
+    """The widest of the profiles' own pace ranges and of their real steps' (probed step x loop factor) at each
+    batch size every one of them ran the real loop at: how far the machine's pace moved between calibrations."""
+    ranges = [compute.pace_range for compute in computes]
+    for batch in set.intersection(*(set(compute.loop_factors) for compute in computes)):
+        ranges.append(slowest_over_fastest([compute.step(batch) for compute in computes]))
+    return max(ranges)
 
 
 def median_network(networks: list[Network]) -> Network:

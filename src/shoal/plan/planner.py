@@ -46,6 +46,8 @@ class Plan:
     recommendation: str = ""
     baseline: dict[str, float] = field(default_factory=dict)
     """Algorithm -> the job seconds of the smallest cluster, for speedups."""
+    pace_range: float = 1.0
+    """How far the machine's pace moved while its compute was measured (slowest over fastest step)."""
 
     def speedup(self, prediction: Prediction) -> float:
         return self.baseline[prediction.algorithm] / prediction.job_seconds
@@ -58,7 +60,7 @@ class Plan:
                                 for p in self.predictions],
                 "crossovers": {name: {str(n): rows for n, rows in found.items()}
                                for name, found in self.crossovers.items()},
-                "recommendation": self.recommendation}
+                "recommendation": self.recommendation, "pace_range": self.pace_range}
 
 
 def usable(shape: Shape, layout: Layout) -> bool:
@@ -69,7 +71,7 @@ def usable(shape: Shape, layout: Layout) -> bool:
 def make_plan(shapes: list[Shape], nodes: list[int], per_node: int, profile: Profile) -> Plan:
     predictions = [predict(shape, Layout(count, per_node), profile.compute, profile.network)
                    for shape in shapes for count in nodes if usable(shape, Layout(count, per_node))]
-    plan = Plan(predictions)
+    plan = Plan(predictions, pace_range=profile.compute.pace_range)
     for algorithm in dict.fromkeys(p.algorithm for p in predictions):
         own = [p for p in predictions if p.algorithm == algorithm]
         plan.baseline[algorithm] = own[0].job_seconds

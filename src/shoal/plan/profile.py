@@ -55,6 +55,11 @@ class Compute:
     """Seconds idle -> what the next step costs beyond a step amid back-to-back ones: a worker that waited on
     the network finds its caches cold (on a 2-core VM a 784-40-10 step of 0.83 ms took 0.90 ms after
     1 ms idle, 1.2 ms after 16 ms and 1.7 ms after 200 ms). Rising with the wait, none when not measured."""
+    pace_range: float = 1.0
+    """The slowest timing of the job's step over the fastest while this compute was measured (the probe's
+    rounds and its timings around the real loop; across the profiles when several are combined): 1 on a
+    steady machine. A plan holds no steadier than the machine: on a 2-core VM three calibrations' real
+    steps at batch 128 read 0.54, 0.59 and 1.15 ms within an hour."""
 
     def step(self, batch: int) -> float:
         """Seconds of a step at `batch` rows, interpolated between the measured batch sizes (linear beyond)."""
@@ -77,6 +82,12 @@ class Compute:
         if not self.resume_seconds or wait <= 0:
             return 0.0
         return _in_log_steps(self.resume_seconds, wait) * min(wait / min(self.resume_seconds), 1.0)
+
+
+def slowest_over_fastest(seconds: list[float]) -> float:
+    """How far timings of one thing moved: the largest over the smallest (1 for one timing, or none)."""
+    found = [value for value in seconds if value > 0]
+    return max(found) / min(found) if found else 1.0
 
 
 def _in_log_steps(table: dict, at: float) -> float:
@@ -188,6 +199,7 @@ def _compute(path: Path, raw) -> Compute | None:
     numbers = {name: _number(path, f"compute.{name}", raw.get(name, defaults.get(name)))
                for name in ("update_seconds", "copy_seconds_per_byte", "evaluate_seconds_per_row",
                             "load_rows_per_second", "startup_seconds", "step_spread", "startup_per_node")}
+    numbers["pace_range"] = _number(path, "compute.pace_range", raw.get("pace_range", 1.0), minimum=1.0)
     return Compute(model=str(raw.get("model", "")), parameters=int(_number(path, "compute.parameters",
                    raw.get("parameters"))), threads=int(_number(path, "compute.threads", raw.get("threads"), 1)),
                    step_seconds=step_seconds, loop_factors=_table(path, raw, "loop_factors", "batch size", int, 0.01),

@@ -9,6 +9,8 @@ from shoal.plan.planner import Plan, rows_text
 from shoal.plan.profile import Profile
 from shoal.train.report import save_atomically
 
+UNSTEADY = 1.15  # a pace range beyond which a prediction's compute can be off by more than 15%
+
 
 def seconds_text(seconds: float) -> str:
     if seconds >= 3600:
@@ -27,6 +29,9 @@ def render(plan: Plan, profile: Profile, per_node: int) -> str:
     lines = [f"compute: {compute.parameters:,} parameters, {compute.threads} thread(s) per worker, "
              f"start-up {compute.startup_seconds:.1f} s (measured on {profile.machine.get('host', '?')})",
              f"network: {network.source}: {link_text(network.across)}"]
+    if plan.pace_range > UNSTEADY:
+        lines.append(f"unsteady: a step took up to {plan.pace_range:.2f}x its fastest time while this machine was "
+                     "measured; epochs will move as much (plan from profiles saved apart: --profile repeated)")
     if per_node > 1:
         lines.append(f"loopback: {'measured' if network.inside.points else 'assumed'}: {link_text(network.inside)}")
     lines.append("")

@@ -87,6 +87,6 @@ def test_the_loop_factor_divides_the_real_step_by_the_probed_one_timed_before_an
 
     monkeypatch.setattr(compute_probe, "measure_loop", real_job)
     job = types.SimpleNamespace(train=types.SimpleNamespace(batch_size=128))
-    assert timed_loop(Probe(), job, threads=1) == (4.0, 1.5)
+    assert timed_loop(Probe(), job, threads=1) == (4.0, 1.5, (0.001, 0.003))  # and the probe's two timings
     assert events == [("probe", 128), ("real job", 128), ("probe", 128)]
     assert compute_probe.loop_factor(0.1, 0.001) == 3.0 and compute_probe.loop_factor(0.001, 0.0) == 1.0

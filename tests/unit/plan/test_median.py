@@ -80,3 +80,14 @@ def test_a_step_and_its_loop_factor_are_kept_together_the_real_step_is_their_pro
     assert merged.loop_factors == {128: pytest.approx(0.90)}
     assert merged.step(128) == pytest.approx(0.695e-3 * 1.07)  # apart, 0.713 x 0.90 = 0.642
     assert merged.step(1024) == pytest.approx(4 * 0.695e-3 * 1.07)  # the factor at 128 holds beyond it
+
+
+def test_the_pace_range_is_how_far_the_profiles_real_steps_lie_apart_or_the_widest_of_their_own():
+    """Real steps at batch 128 (the only batch all three ran the loop at): 1.0 x 1.0, 1.6 x 1.6 and 0.9 x 0.9 ms."""
+    slow, steady = profile(1.6), profile(0.9, loop={128: 0.9, 1024: 1.0})
+    merged = median_profile(paths(profile(1.0), slow, steady)).compute
+    assert merged.pace_range == pytest.approx(1.6 * 1.6 / (0.9 * 0.9))
+    own = dataclasses.replace(slow.compute, pace_range=4.0)
+    assert median_profile(paths(profile(1.0), dataclasses.replace(slow, compute=own))).compute.pace_range == 4.0
+    described = dataclasses.replace(steady.compute, loop_factors={})  # no real loop: only the own ranges count
+    assert median_profile(paths(profile(1.0), dataclasses.replace(steady, compute=described))).compute.pace_range == 1.0

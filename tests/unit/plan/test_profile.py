@@ -17,7 +17,8 @@ def profile() -> Profile:
     compute = Compute(model="abc", parameters=10, threads=1, step_seconds={32: 0.001, 128: 0.003},
                       update_seconds=1e-4, copy_seconds_per_byte=1e-10, evaluate_seconds_per_row=1e-6,
                       load_rows_per_second=1e5, startup_seconds=5.0, step_spread=1e-5,
-                      loop_factors={128: 0.9, 1024: 1.2}, resume_seconds={0.001: 1e-5, 0.016: 1e-4, 0.256: 5e-4})
+                      loop_factors={128: 0.9, 1024: 1.2}, resume_seconds={0.001: 1e-5, 0.016: 1e-4, 0.256: 5e-4},
+                      pace_range=1.3)
     network = Network(across=Link(1e-4, 1.25e8, points=((4096, 2e-4), (65536, 8e-4))), inside=Link(3e-5, 2e9),
                       source="described")
     return Profile(machine={"host": "h"}, compute=compute, network=network)
@@ -28,6 +29,14 @@ def test_a_saved_profile_reads_back_equal(tmp_path):
     profile().save(path)
     assert load_profile(path) == profile()
     assert not list(tmp_path.glob(".*"))  # no temporary left beside it
+
+
+def test_a_profile_saved_before_the_pace_range_reads_as_a_steady_machine(tmp_path):
+    raw = json.loads(profile().to_json())
+    del raw["compute"]["pace_range"]
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(raw))
+    assert load_profile(path).compute.pace_range == 1.0
 
 
 def test_steps_are_interpolated_between_measured_batches_and_extended_beyond():
@@ -63,6 +72,7 @@ def test_the_cost_of_resuming_rises_with_the_wait_and_stops_at_the_longest_measu
     (lambda raw: raw["compute"].update(loop_factors=[1.0]), "compute.loop_factors"),
     (lambda raw: raw["compute"].update(loop_factors={"128": 0}), "compute.loop_factors.128"),
     (lambda raw: raw["compute"].update(update_seconds=-1), "compute.update_seconds"),
+    (lambda raw: raw["compute"].update(pace_range=0.5), "compute.pace_range: expected a number >= 1.0"),
     (lambda raw: raw["compute"].update(step_seconds={}), "compute.step_seconds"),
     (lambda raw: raw["compute"].update(step_seconds={"big": 1.0}), "compute.step_seconds"),
     (lambda raw: raw["network"]["across"].update(bandwidth="fast"), "network.across.bandwidth"),
