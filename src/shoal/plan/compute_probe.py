@@ -163,14 +163,12 @@ class ComputeProbe:
         timed around the real loop, which shows with the rounds how far the machine's pace moved."""
         usable = [batch for batch in batches if batch <= self.loader.rows]
         rounds = [{batch: self.step(batch) for batch in usable} for _ in range(BLOCKS)]
+        means = {batch: [float(np.mean(found[batch])) for found in rounds] for batch in usable}
         own = self.job.train.batch_size if self.job.train.batch_size in usable else max(usable)
-        timings = [float(np.mean(found[own])) for found in rounds]
-        if own == self.job.train.batch_size:
-            timings += around_loop
+        timings = means[own] + list(around_loop if own == self.job.train.batch_size else ())
         return Compute(model=model_key(self.prepared.spec),
                        parameters=self.parameters, threads=self.threads,
-                       step_seconds={batch: _median([float(np.mean(found[batch])) for found in rounds])
-                                     for batch in usable},
+                       step_seconds={batch: _median(means[batch]) for batch in usable},
                        update_seconds=self.update(), copy_seconds_per_byte=self.copy_per_byte(),
                        evaluate_seconds_per_row=self.evaluate_per_row(),
                        load_rows_per_second=self.loader.rows / max(self.loader.load_seconds, 1e-9),
@@ -222,7 +220,7 @@ def with_loop_at(compute: Compute, job: JobConfig, threads: int) -> Compute:
     with ComputeProbe(job, threads) as probe:
         _, factor, around = timed_loop(probe, job, threads)
     return dataclasses.replace(compute, loop_factors={**compute.loop_factors, job.train.batch_size: factor},
-                               pace_range=max(compute.pace_range, slowest_over_fastest(list(around))))
+                               pace_range=max(compute.pace_range, slowest_over_fastest(around)))
 
 
 def timed_loop(probe: ComputeProbe, job: JobConfig, threads: int) -> tuple[float, float, tuple[float, float]]:

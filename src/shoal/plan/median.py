@@ -59,10 +59,14 @@ def real_steps(computes: list[Compute], merged: Compute) -> dict[int, float]:
     taken apart gave 0.642 and its one-host epochs ran at 0.82-0.87 ms a step)."""
     found = {}
     for batch in dict.fromkeys(batch for compute in computes for batch in compute.step_seconds):
-        real = [compute.step_seconds[batch] * compute.loop_factor(batch) for compute in computes
-                if batch in compute.step_seconds]
-        found[batch] = statistics.median(real) / merged.loop_factor(batch)
+        found[batch] = statistics.median(real_steps_at(computes, batch)) / merged.loop_factor(batch)
     return found
+
+
+def real_steps_at(computes: list[Compute], batch: int) -> list[float]:
+    """Each profile's real step at `batch` (its probed step x its loop factor), over those that probed it."""
+    return [compute.step_seconds[batch] * compute.loop_factor(batch) for compute in computes
+            if batch in compute.step_seconds]
 
 
 def pace_range(computes: list[Compute]) -> float:
@@ -70,7 +74,7 @@ def pace_range(computes: list[Compute]) -> float:
     batch size every one of them ran the real loop at: how far the machine's pace moved between calibrations."""
     ranges = [compute.pace_range for compute in computes]
     for batch in set.intersection(*(set(compute.loop_factors) for compute in computes)):
-        ranges.append(slowest_over_fastest([compute.step(batch) for compute in computes]))
+        ranges.append(slowest_over_fastest(real_steps_at(computes, batch)))
     return max(ranges)
 
 

@@ -11,6 +11,7 @@ import bisect
 import dataclasses
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,7 +85,7 @@ class Compute:
         return _in_log_steps(self.resume_seconds, wait) * min(wait / min(self.resume_seconds), 1.0)
 
 
-def slowest_over_fastest(seconds: list[float]) -> float:
+def slowest_over_fastest(seconds: Iterable[float]) -> float:
     """How far timings of one thing moved: the largest over the smallest (1 for one timing, or none)."""
     found = [value for value in seconds if value > 0]
     return max(found) / min(found) if found else 1.0
