@@ -120,7 +120,7 @@ class Runner:
     def load_data(self) -> None:
         """Each trainer loads its share once; the coordinator reads the test set."""
         # Imports that come anyway, made before the memory count so they do not show up as the data's.
-        import torch._dynamo  # noqa: F401  (the first optimizer step imports it)
+        import torch._dynamo  # noqa: F401  (the first optimizer step imports it, unless the worker defers it)
 
         self.memory_before_data = current_rss()
         if self.role is Role.TRAINER:
