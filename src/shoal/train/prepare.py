@@ -231,8 +231,9 @@ def check_world_size(job: JobConfig, world_size: int, train_set: Dataset, algori
                 job.data.memory_budget)
 
 
-def prepare(job: JobConfig) -> Prepared:
-    """Open the datasets, build the model once and check that it fits them."""
+def prepare(job: JobConfig, memory_checked: bool = False) -> Prepared:
+    """Open the datasets, build the model once and check that it fits them; `memory_checked`: this machine's
+    launcher has checked the model's memory already (on torch's meta device, half a second of imports)."""
     train_set = open_dataset(job.data.train)
     test_set = open_dataset(job.data.test) if job.data.test else None
     for key, dataset in (("data.train", train_set), ("data.test", test_set)):
@@ -243,7 +244,8 @@ def prepare(job: JobConfig) -> Prepared:
         check_compatible(test_set, schema(train_set), f"the training set {train_set.path}", TRAINING)
     spec = model_spec(job, train_set)
     objective = Objective(job.train.loss, train_set.num_classes)
-    check_model_size(spec)
+    if not memory_checked:
+        check_model_size(spec)
     model = allocate_model(spec)
     shape = output_shape(model, spec["input"])
     expected = objective.expected_outputs()

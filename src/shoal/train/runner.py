@@ -19,6 +19,7 @@ from shoal.algorithms import Role, ServerAlgorithm, make_algorithm, role, traine
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import DistInfo, choose_device
 from shoal.cluster.heartbeat import Heartbeat, liveness_store, silence
+from shoal.cluster.orphan import under_shoal_launcher
 from shoal.cluster.requeue import EpochEndStop, StopRequested
 from shoal.config import JobConfig
 from shoal.data.loader import ShardLoader
@@ -94,7 +95,7 @@ class Runner:
         job, info = self.job, self.info
         self.device = choose_device(job.cluster.device, info)
         self.comm = self.comm or Communicator(info.rank, info.world_size, device=self.device)
-        self.prepared = prepare(job)
+        self.prepared = prepare(job, memory_checked=under_shoal_launcher())  # shoal's launcher checked it first
         seed_everything(job.train.seed)  # identical initial weights on every rank
         self.model = allocate_model(self.prepared.spec).to(self.device)
         self.optimizer = make_optimizer(job.train.optimizer, self.model.parameters())

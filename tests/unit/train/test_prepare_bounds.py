@@ -169,3 +169,18 @@ def test_prepare_refuses_a_huge_model_before_allocating_it(tmp_path):
         prepare(job)
     parameters = FEATURES * 10**11 + 10**11 + 10**11 * 3 + 3
     assert one_line(caught).startswith(f"model.layers: the model has {parameters:,} parameters and takes about ")
+
+
+def test_a_worker_whose_launcher_checked_the_memory_skips_the_meta_build(tmp_path, monkeypatch):
+    """The launcher on the worker's machine checked the model's memory before starting it; the meta build (half a
+    second of imports) is not done again in every worker, while the other checks still run."""
+    built = []
+    monkeypatch.setattr("shoal.train.prepare.check_model_size", built.append)
+    train = write_dataset(tmp_path / "train", rows=20)
+    job = from_dict({"model": {"layers": [{"dense": 4}, {"dense": 3}]}, "data": {"train": train}})
+    assert prepare(job, memory_checked=True).spec and not built
+    prepare(job)
+    assert len(built) == 1
+    wrong = from_dict({"model": {"layers": [{"dense": 4}, {"dense": 7}]}, "data": {"train": train}})
+    with pytest.raises(ConfigError, match=r"the model gives outputs of shape \[7\]"):  # 3 classes: still refused
+        prepare(wrong, memory_checked=True)
