@@ -163,3 +163,29 @@ def test_two_nodes_join_through_the_rendezvous(task, tmp_path, project_env):
     start = next(read_events(tmp_path / "node0"))
     assert start["world_size"] == 2
     assert json.loads(json.dumps(start["hosts"])) == [start["hosts"][0]] * 2
+
+
+def test_a_model_that_compiles_trains_with_the_real_compiler(task, tmp_path, project_env):
+    """Workers defer torch's compiler (shoal compiles nothing); a user's model that compiles gets the real one."""
+    train, test = task
+    marker = tmp_path / "compiler"
+    job = tmp_path / "job.toml"
+    job.write_text(f"""
+[model]
+factory = "tests.support.models:compiled"
+arguments = {{ marker = "{marker}" }}
+[data]
+train = "{train}"
+test = "{test}"
+[train]
+epochs = 2
+batch_size = 64
+optimizer = {{ name = "adam", lr = 0.01 }}
+[output]
+progress = "none"
+""")
+    finished = shoal_command("train", job, "--workers", 2, "--run-dir", tmp_path / "run", env=project_env)
+    assert finished.returncode == 0, finished.stderr
+    assert marker.read_text() == "module"  # torch's own, not shoal's stand-in
+    end = [e for e in read_events(tmp_path / "run") if e["event"] == "job_end"][0]
+    assert end["test"]["accuracy"] > 0.8, end

@@ -1,7 +1,8 @@
-"""Model factories used by tests through `model.factory`: ordinary models that misbehave on cue."""
+"""Model factories used by tests through `model.factory`: ordinary models that misbehave on cue, or compile."""
 
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -74,3 +75,25 @@ class Straggler(nn.Module):
 
 def straggling(features: int = 20, rank: int = 1, delay: float = 0.0) -> nn.Module:
     return Straggler(features, rank, delay)
+
+
+class Compiled(nn.Module):
+    """A small MLP whose activation runs through torch.compile, as a user's own model may: the worker's stand-in for
+    the compiler gives way to the real one. `marker` is written with what then answers for the compiler."""
+
+    def __init__(self, features: int, marker: str):
+        super().__init__()
+        self.first, self.second = nn.Linear(features, 16), nn.Linear(16, 2)
+        self.activation = torch.compile(torch.tanh, backend="eager")
+        self.marker = marker
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        outputs = self.second(self.activation(self.first(inputs)))
+        if self.training and self.marker and not os.path.exists(self.marker):
+            with open(self.marker, "w") as file:
+                file.write(type(sys.modules["torch._dynamo"]).__name__)
+        return outputs
+
+
+def compiled(features: int = 20, marker: str = "") -> nn.Module:
+    return Compiled(features, marker)
