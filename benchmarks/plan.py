@@ -15,6 +15,7 @@ root, `ip`, `tc`, 2 cores.
 
     .venv/bin/python -m benchmarks.plan            # about 60 minutes on 2 cores
     .venv/bin/python -m benchmarks.plan --quick    # one model, batch 128, 1gbit and 10mbit
+    .venv/bin/python -m benchmarks.plan --rates 1gbit --runs 5 --seconds 6   # more of each, one link
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.cluster.hosts import EmulatedCluster, missing_requirements
@@ -41,10 +43,18 @@ MODELS = {"784-40-10": 40, "784-256-10": 256}
 ALGORITHMS = ("sync", "averaging", "downpour")
 BATCHES = (128, 1024)
 GOAL = 0.15
-MEASURED_SECONDS = 3.0  # at least, per job: the epochs after the first
-MOST_EPOCHS = 30
-RUNS = 3  # calibrations per link, each followed by a pass measuring the short jobs (minutes apart)
-REPEAT_BELOW = 5.0  # predicted seconds per epoch under which a job is measured RUNS times
+MEASURED_SECONDS = 3.0  # at least, per job: the epochs after the first (--seconds)
+MOST_EPOCHS = 30  # at 3 s; in proportion to --seconds
+RUNS = 3  # calibrations per link, each followed by a pass measuring the short jobs (minutes apart; --runs)
+REPEAT_BELOW = 5.0  # predicted seconds per epoch under which a job is measured in every pass
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How much each link is measured: `runs` calibrations and passes (odd: a median is one of them), and at
+    least `seconds` of epochs after the first in each run."""
+    runs: int = RUNS
+    seconds: float = MEASURED_SECONDS
 
 
 def write_job(folder: Path, train: Path, model: str, algorithm: str, batch: int, remote: Path, epochs: int = 3) -> Path:
@@ -73,10 +83,11 @@ progress = "none"
     return path
 
 
-def epochs_for(epoch_seconds: float) -> int:
-    """Enough epochs that those measured (all but the first) add up to MEASURED_SECONDS: a 0.1 s epoch
-    moves by tens of percent from one to the next on a VM, a mean over twenty does not."""
-    return 1 + min(max(2, math.ceil(MEASURED_SECONDS / max(epoch_seconds, 1e-3))), MOST_EPOCHS - 1)
+def epochs_for(epoch_seconds: float, seconds: float = MEASURED_SECONDS) -> int:
+    """Enough epochs that those measured (all but the first) add up to `seconds`: a 0.1 s epoch moves by tens
+    of percent from one to the next on a VM, a mean over twenty does not."""
+    most = round(MOST_EPOCHS * max(1.0, seconds / MEASURED_SECONDS))
+    return 1 + min(max(2, math.ceil(seconds / max(epoch_seconds, 1e-3))), most - 1)
 
 
 def environment() -> dict:
@@ -125,28 +136,30 @@ def measured(cluster: EmulatedCluster, job: Path, nodes: int, name: str) -> dict
     return later_epochs(run_dir)
 
 
-def runs_for(epoch_seconds: float) -> int:
-    """Measurements of a job: RUNS of short ones, whose compute this VM's slow spells (minutes long) move by
+def runs_for(epoch_seconds: float, runs: int = RUNS) -> int:
+    """Measurements of a job: `runs` of short ones, whose compute this VM's slow spells (minutes long) move by
     10-30% from one run to the next; one of long ones, where the link's time dominates and holds still."""
-    return RUNS if epoch_seconds < REPEAT_BELOW else 1
+    return runs if epoch_seconds < REPEAT_BELOW else 1
 
 
-def run_rate(rate: str, rows: int, models: list[str], batches: list[int], one_host: bool) -> list[dict]:
-    """The link's jobs measured in up to RUNS passes, each after a calibration of its own (a job's runs and
-    the profiles minutes apart, so that one slow spell spoils one of each); every job then planned from the
-    median of the RUNS profiles (`shoal plan --profile` repeated) and compared with its median run."""
+def run_rate(rate: str, rows: int, models: list[str], batches: list[int], one_host: bool,
+             protocol: Protocol = Protocol()) -> list[dict]:
+    """The link's jobs measured in up to `protocol.runs` passes, each after a calibration of its own (a job's
+    runs and the profiles minutes apart, so that one slow spell spoils one of each); every job then planned
+    from the median of the profiles (`shoal plan --profile` repeated) and compared with its median run."""
     train = WORK / f"digits-{rows}"
     if not train.exists():
         synth_digits(train, rows, seed=1)
     with EmulatedCluster(hosts=2, rate=rate) as cluster:
-        samples = {model: [cluster.shared / f"profile-{model}-{run}.json" for run in range(RUNS)] for model in models}
+        samples = {model: [cluster.shared / f"profile-{model}-{run}.json" for run in range(protocol.runs)]
+                   for model in models}
         planned = []
-        for run in range(RUNS):
+        for run in range(protocol.runs):
             for model in models:
                 calibrated(cluster, train, model, batches, samples[model][run])
             if run == 0:
-                planned = jobs_of(cluster, train, rows, models, batches, one_host, samples)
-            measure_pass(cluster, planned, run)
+                planned = jobs_of(cluster, train, rows, models, batches, one_host, samples, protocol.seconds)
+            measure_pass(cluster, planned, run, protocol.runs)
         for entry in planned:
             row = entry["row"]
             plan = predicted(cluster, entry["job"], samples[row["model"]], row["algorithm"])
@@ -157,7 +170,7 @@ def run_rate(rate: str, rows: int, models: list[str], batches: list[int], one_ho
 
 
 def jobs_of(cluster: EmulatedCluster, train: Path, rows: int, models: list[str], batches: list[int],
-            one_host: bool, samples: dict) -> list[dict]:
+            one_host: bool, samples: dict, seconds: float = MEASURED_SECONDS) -> list[dict]:
     """Every job of the link, written with enough epochs by the first calibration's prediction."""
     planned = []
     for model in models:
@@ -166,7 +179,7 @@ def jobs_of(cluster: EmulatedCluster, train: Path, rows: int, models: list[str],
                 job = write_job(cluster.shared, train, model, algorithm, batch, cluster.enter)
                 first = predicted(cluster, job, samples[model][:1], algorithm)
                 job = write_job(cluster.shared, train, model, algorithm, batch, cluster.enter,
-                                epochs_for(min(row["epoch_seconds"] for row in first.values())))
+                                epochs_for(min(row["epoch_seconds"] for row in first.values()), seconds))
                 for nodes in ((1, 2) if one_host and algorithm != "downpour" else (2,)):
                     planned.append({"job": job, "first": first[nodes]["epoch_seconds"], "runs": [], "row": {
                         "rate": cluster.rate if nodes == 2 else "-", "rows": rows, "model": model,
@@ -174,10 +187,10 @@ def jobs_of(cluster: EmulatedCluster, train: Path, rows: int, models: list[str],
     return planned
 
 
-def measure_pass(cluster: EmulatedCluster, planned: list[dict], run: int) -> None:
+def measure_pass(cluster: EmulatedCluster, planned: list[dict], run: int, runs: int = RUNS) -> None:
     """Pass `run` over the link's jobs: every job the first calibration predicts short, the rest in pass 0."""
     for entry in planned:
-        if run < runs_for(entry["first"]):
+        if run < runs_for(entry["first"], runs):
             row = entry["row"]
             name = f"{row['model']}-{row['algorithm']}-{row['batch']}-{row['nodes']}-{run}"
             entry["runs"].append(measured(cluster, entry["job"], row["nodes"], name))
@@ -188,7 +201,7 @@ def measure_pass(cluster: EmulatedCluster, planned: list[dict], run: int) -> Non
 def compared(row: dict, plan: dict, runs: list[dict]) -> dict:
     """The row with its prediction, its runs and the error of the prediction against their median."""
     seconds = [run["seconds"] for run in runs]
-    median_run = sorted(runs, key=lambda run: run["seconds"])[len(runs) // 2]  # RUNS is odd: the middle one
+    median_run = sorted(runs, key=lambda run: run["seconds"])[len(runs) // 2]  # an odd number: the middle one
     row = {**row, "predicted": plan["epoch_seconds"], "predicted_communication": plan["communication_seconds"],
            "measured": median_run["seconds"], "measured_communication": median_run["communication"],
            "runs": seconds, "pace_range": plan["pace_range"]}
@@ -222,22 +235,32 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one model, batch 128, 1gbit and 10mbit")
     parser.add_argument("--rates", help="comma-separated subset of " + ",".join(RATES))
-    args = parser.parse_args(argv)
+    parser.add_argument("--runs", type=int, default=RUNS,
+                        help=f"calibrations and passes per link, odd (default {RUNS})")
+    parser.add_argument("--seconds", type=float, default=MEASURED_SECONDS,
+                        help=f"at least this much of each run's epochs is measured (default {MEASURED_SECONDS:.0f})")
+    args = parser.parse_args(argv if argv is not None else sys.argv[1:])
+    if args.runs < 1 or args.runs % 2 == 0 or args.seconds <= 0:
+        parser.error("--runs must be odd and positive (a median is one of the runs), --seconds positive")
     reason = missing_requirements(2)
     if reason:
         sys.exit(f"benchmarks.plan: {reason}")
+    protocol = Protocol(args.runs, args.seconds)
+    command = " ".join(["python -m benchmarks.plan", *(argv if argv is not None else sys.argv[1:])])
     rates = args.rates.split(",") if args.rates else (["1gbit", "10mbit"] if args.quick else list(RATES))
     models = list(MODELS)[:1] if args.quick else list(MODELS)
     batches = [128] if args.quick else list(BATCHES)
     began, found, path = time.monotonic(), [], None
     for number, rate in enumerate(rates):
-        found += run_rate(rate, RATES[rate], models, batches, one_host=number == 0)
-        path = write(found, args.quick, time.monotonic() - began, path)  # after every link: a crash keeps the rest
+        found += run_rate(rate, RATES[rate], models, batches, one_host=number == 0, protocol=protocol)
+        # after every link: a crash keeps the rest
+        path = write(found, args.quick, time.monotonic() - began, path, protocol, command)
     print(path.read_text())
     print(f"written: {path}")
 
 
-def write(found: list[dict], quick: bool, seconds: float, earlier: Path | None) -> Path:
+def write(found: list[dict], quick: bool, seconds: float, earlier: Path | None, protocol: Protocol = Protocol(),
+          command: str = "python -m benchmarks.plan") -> Path:
     rows = [row for row in found if "error" in row]
     errors = [abs(row["error"]) for row in rows]
     within = sum(error <= GOAL for error in errors)
@@ -248,14 +271,14 @@ def write(found: list[dict], quick: bool, seconds: float, earlier: Path | None) 
 own core with 1 worker of 1 thread, its link shaped with `tc tbf` (a bucket of 128 µs of the line, at
 least a frame; no netem: no added latency).
 `shoal plan --hosts host0,host1` ran on host0: it measured compute there for each model and the
-network between the hosts into a profile, {RUNS} times per link, each calibration followed by a pass
+network between the hosts into a profile, {protocol.runs} times per link, each calibration followed by a pass
 over the link's jobs; each job trained for at least 3 epochs (more where epochs are short, so that
-those measured add up to {MEASURED_SECONDS:.0f} s), a run's epoch is the mean of its epochs after the
+those measured add up to {protocol.seconds:g} s), a run's epoch is the mean of its epochs after the
 first, and jobs predicted under {REPEAT_BELOW:.0f} s an epoch ran in every pass, longer ones in the first.
-Each prediction is `shoal plan` from the median of the link's {RUNS} profiles of the model (`--profile`
+Each prediction is `shoal plan` from the median of the link's {protocol.runs} profiles of the model (`--profile`
 repeated), compared with the job's median run. MNIST-shaped digits,
 SGD with momentum; Downpour's server is host0's worker, its one trainer host1's.
-`.venv/bin/python -m benchmarks.plan{' --quick' if quick else ''}`
+`.venv/bin/{command}`
 ({seconds:.0f} s).
 
 **{within} of {len(rows)} predictions within {GOAL:.0%} of the measurement; median error
