@@ -129,6 +129,17 @@ def _expected_maximum(draws: int) -> float:
     return statistics.NormalDist().inv_cdf((draws - 0.375) / (draws + 0.25))
 
 
+def slowest_pace(pace_range: float, workers: int) -> float:
+    """How much slower than one worker the slowest of `workers` runs, each worker's pace moving on its own
+    across the measured range (`Compute.pace_range`: its slowest step over its fastest): modelled as half of
+    the time at either end, as a VM's cores flip between two levels in spells of seconds, the slowest of N is
+    at the slow end but for a 2^-N share of the time. 1 on a steady machine; at most 2r/(1+r) however many."""
+    if workers <= 1 or pace_range <= 1.0:
+        return 1.0
+    typical = (1 + pace_range) / 2
+    return (pace_range - (pace_range - 1) / 2 ** workers) / typical
+
+
 def copy_seconds(compute: Compute, values: float) -> float:
     return compute.copy_seconds_per_byte * values * VALUE_BYTES
 
@@ -257,8 +268,12 @@ def algorithm_costs(shape: Shape, layout: Layout, compute: Compute, network: Net
 def predict(shape: Shape, layout: Layout, compute: Compute, network: Network) -> Prediction:
     """Seconds per epoch (the slowest trainer's, as `epoch_end` records it) and for the whole job."""
     count = trainers(shape, layout)
-    if layout.nodes > 1:  # the slowest machine sets the pace
-        compute = dataclasses.replace(compute, step_seconds={batch: seconds * network.slowest_host
+    # the slowest machine sets the pace: the slower host as measured, or the slowest of the workers that wait for
+    # one another when each one's pace moves on its own
+    measured = network.slowest_host if layout.nodes > 1 else 1.0
+    waiting = 1.0 if is_server(shape) else slowest_pace(compute.pace_range, count)
+    if max(measured, waiting) > 1.0:
+        compute = dataclasses.replace(compute, step_seconds={batch: seconds * max(measured, waiting)
                                                              for batch, seconds in compute.step_seconds.items()})
     costs = algorithm_costs(shape, layout, compute, network)
     steps = epoch_steps(shape, layout)

@@ -8,7 +8,7 @@ import pytest
 
 from shoal.plan.costs import Link
 from shoal.plan.planner import make_plan, rows_text
-from shoal.plan.predict import Layout, Shape, predict
+from shoal.plan.predict import Layout, Shape, predict, slowest_pace
 from shoal.plan.profile import Compute, Network, Profile
 
 ACROSS = Link(latency=1e-3, bandwidth=1e6)
@@ -62,6 +62,30 @@ def test_averaging_each_epoch_waits_at_its_barrier_for_the_slowest_workers_epoch
     reduce = 2 * (1e-3 + 999 * 4 / 2 / 1e6)
     assert found.steps == 50
     assert found.communication_seconds == pytest.approx(reduce + 1e-4 * math.sqrt(50))
+
+
+def test_the_slowest_of_workers_whose_pace_moves_on_its_own():
+    # each at the fast or the slow end half of the time: the slowest of 2 is slow 3/4 of the time
+    assert slowest_pace(1.5, 2) == pytest.approx((0.25 * 1.0 + 0.75 * 1.5) / 1.25)
+    assert slowest_pace(1.5, 3) == pytest.approx((0.125 * 1.0 + 0.875 * 1.5) / 1.25)
+    assert slowest_pace(1.5, 1) == 1.0 and slowest_pace(1.0, 16) == 1.0
+    assert slowest_pace(2.0, 64) == pytest.approx(4 / 3)  # always at the slow end, against a typical 1.5
+
+
+def test_workers_that_wait_for_one_another_go_at_the_slowest_ones_pace():
+    moving = compute(pace_range=1.5)
+    steady = predict(shape("averaging"), Layout(2, 1), compute(), NETWORK)
+    found = predict(shape("averaging"), Layout(2, 1), moving, NETWORK)
+    assert found.compute_seconds == pytest.approx(steady.compute_seconds * 1.1)
+    assert found.communication_seconds == pytest.approx(steady.communication_seconds)
+    one = predict(shape("averaging"), Layout(1, 1), moving, NETWORK)
+    assert one.compute_seconds == pytest.approx(100 * 0.01)  # one worker waits for no one
+    # a host measured slower than that sets the pace alone; a server's trainers wait for no other trainer
+    slower = Network(across=ACROSS, inside=INSIDE, source="test", slowest_host=1.3)
+    assert predict(shape("averaging"), Layout(2, 1), moving, slower).compute_seconds == pytest.approx(
+        steady.compute_seconds * 1.3)
+    assert predict(shape("downpour"), Layout(3, 1), moving, NETWORK).compute_seconds == pytest.approx(
+        predict(shape("downpour"), Layout(3, 1), compute(), NETWORK).compute_seconds)
 
 
 def test_averaging_every_period_steps_rounds_up_the_last_round():
