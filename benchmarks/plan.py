@@ -239,14 +239,15 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"calibrations and passes per link, odd (default {RUNS})")
     parser.add_argument("--seconds", type=float, default=MEASURED_SECONDS,
                         help=f"at least this much of each run's epochs is measured (default {MEASURED_SECONDS:.0f})")
-    args = parser.parse_args(argv if argv is not None else sys.argv[1:])
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
     if args.runs < 1 or args.runs % 2 == 0 or args.seconds <= 0:
         parser.error("--runs must be odd and positive (a median is one of the runs), --seconds positive")
     reason = missing_requirements(2)
     if reason:
         sys.exit(f"benchmarks.plan: {reason}")
     protocol = Protocol(args.runs, args.seconds)
-    command = " ".join(["python -m benchmarks.plan", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["python -m benchmarks.plan", *argv])
     rates = args.rates.split(",") if args.rates else (["1gbit", "10mbit"] if args.quick else list(RATES))
     models = list(MODELS)[:1] if args.quick else list(MODELS)
     batches = [128] if args.quick else list(BATCHES)

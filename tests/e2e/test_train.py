@@ -169,21 +169,8 @@ def test_a_model_that_compiles_trains_with_the_real_compiler(task, tmp_path, pro
     """Workers defer torch's compiler (shoal compiles nothing); a user's model that compiles gets the real one."""
     train, test = task
     marker = tmp_path / "compiler"
-    job = tmp_path / "job.toml"
-    job.write_text(f"""
-[model]
-factory = "tests.support.models:compiled"
-arguments = {{ marker = "{marker}" }}
-[data]
-train = "{train}"
-test = "{test}"
-[train]
-epochs = 2
-batch_size = 64
-optimizer = {{ name = "adam", lr = 0.01 }}
-[output]
-progress = "none"
-""")
+    model = f'factory = "tests.support.models:compiled"\narguments = {{ marker = "{marker}" }}'
+    job = write_job(tmp_path / "job.toml", train, test, algorithm="sync", model=model)
     finished = shoal_command("train", job, "--workers", 2, "--run-dir", tmp_path / "run", env=project_env)
     assert finished.returncode == 0, finished.stderr
     assert marker.read_text() == "module"  # torch's own, not shoal's stand-in

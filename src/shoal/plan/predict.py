@@ -270,10 +270,10 @@ def predict(shape: Shape, layout: Layout, compute: Compute, network: Network) ->
     count = trainers(shape, layout)
     # the slowest machine sets the pace: the slower host as measured, or the slowest of the workers that wait for
     # one another when each one's pace moves on its own
-    measured = network.slowest_host if layout.nodes > 1 else 1.0
-    waiting = 1.0 if is_server(shape) else slowest_pace(compute.pace_range, count)
-    if max(measured, waiting) > 1.0:
-        compute = dataclasses.replace(compute, step_seconds={batch: seconds * max(measured, waiting)
+    pace = max(network.slowest_host if layout.nodes > 1 else 1.0,
+               1.0 if is_server(shape) else slowest_pace(compute.pace_range, count))
+    if pace > 1.0:
+        compute = dataclasses.replace(compute, step_seconds={batch: seconds * pace
                                                              for batch, seconds in compute.step_seconds.items()})
     costs = algorithm_costs(shape, layout, compute, network)
     steps = epoch_steps(shape, layout)
