@@ -55,6 +55,7 @@ bench: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.batch
 	$(BIN)/python -m benchmarks.server
 	$(BIN)/python -m benchmarks.plan_papers
+	$(BIN)/python -m benchmarks.plan_replay
 	$(BIN)/python -m benchmarks.repeatability
 	$(BIN)/python -m benchmarks.peers
 	$(BIN)/python -m benchmarks.scaling

@@ -1,0 +1,156 @@
+"""Today's planning model against every committed `benchmarks.plan` measurement, in seconds.
+
+A run of `benchmarks.plan` takes 35-70 minutes, and on a VM one run's score moves by a quarter
+from one evening to the next, so a change to the model cannot be judged by one fresh run. Each
+result keeps what it measured: the link's profiles (one per calibration) and every run of every
+job. This script plans each measured job again from those profiles, as `benchmarks.plan` does
+(the median profile, then the job's prediction), with the model as it is now, and scores it
+against the same median run. The epochs were measured by the shoal of their day; only the
+model is today's. Results measured before profiles were kept per calibration are left out.
+
+    .venv/bin/python -m benchmarks.plan_replay             # writes benchmarks/results/<date>-...-plan-replay.md
+    .venv/bin/python -m benchmarks.plan_replay --print     # the same, printed only
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import RESULTS, machine_line, write_result
+from benchmarks.plan import GOAL, MODELS
+from shoal.algorithms import options_class
+from shoal.config import drop_none
+from shoal.plan.median import median_profile
+from shoal.plan.predict import Layout, Shape, predict
+from shoal.plan.profile import load_profile
+
+INPUTS, CLASSES = 784, 10  # benchmarks.plan's digits
+
+
+def parameters(model: str) -> int:
+    """Weights and biases of benchmarks.plan's model `model` (784-hidden-10)."""
+    hidden = MODELS[model]
+    return INPUTS * hidden + hidden + hidden * CLASSES + CLASSES
+
+
+def shape_of(row: dict) -> Shape:
+    """The planner's view of a measured row's job (benchmarks.plan.write_job: no test set, an evaluation each
+    epoch, the algorithm's default options). Its epoch count is write_job's default: no epoch's seconds hang on it."""
+    options = drop_none(dataclasses.asdict(options_class(row["algorithm"])()))
+    return Shape(parameters=parameters(row["model"]), buffers=0, rows=row["rows"], test_rows=0, batch=row["batch"],
+                 epochs=3, eval_every=1, algorithm=row["algorithm"], options=options)
+
+
+def profiles_of(results: list[dict], folder: Path) -> dict[tuple[str, str], list]:
+    """(link, model) -> its calibrations' profiles, in the order measured (`load_profile` reads them as saved)."""
+    found: dict[tuple[str, str], list] = {}
+    for entry in results:
+        if "profile" in entry and "calibration" in entry:
+            path = folder / f"{entry['rate']}-{entry['model']}-{entry['calibration']}.json"
+            path.write_text(json.dumps(entry["profile"]))
+            found.setdefault((entry["rate"], entry["model"]), []).append((path, load_profile(path)))
+    return found
+
+
+def replayed(result: Path) -> list[dict] | None:
+    """Each measured row of `result` with today's prediction and error; None without per-calibration profiles."""
+    results = json.loads(result.read_text())["results"]
+    with tempfile.TemporaryDirectory() as folder:
+        profiles = profiles_of(results, Path(folder))
+        if not profiles:
+            return None
+        first_link = next(iter(profiles))[0]  # one-host rows ran on the first link's cluster, with its calibrations
+        rows = []
+        for row in (row for row in results if "error" in row):
+            link = first_link if row["rate"] == "-" else row["rate"]
+            profile = median_profile(profiles[(link, row["model"])])
+            now = predict(shape_of(row), Layout(row["nodes"], 1), profile.compute, profile.network).epoch_seconds
+            rows.append({**row, "replayed": now, "replayed_error": now / row["measured"] - 1})
+    return rows
+
+
+def score(errors: list[float]) -> str:
+    errors = [abs(error) for error in errors]
+    return (f"{sum(error <= GOAL for error in errors)}/{len(errors)} | {statistics.median(errors):.1%} | "
+            f"{max(errors):.1%}")
+
+
+def unchanged(rows: list[dict]) -> str:
+    """How many of today's predictions are the ones made then (to a millionth): 'all' for a result measured
+    under today's model."""
+    same = sum(abs(row["replayed"] / row["predicted"] - 1) < 1e-6 for row in rows)
+    return "all" if same == len(rows) else f"{same}/{len(rows)}"
+
+
+def report(replays: dict[str, list[dict]]) -> str:
+    lines = ["| result | rows | then: within 15% | median | largest | today's model: within 15% | median | largest "
+             "| predictions unchanged |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, rows in replays.items():
+        then, now = score([row["error"] for row in rows]), score([row["replayed_error"] for row in rows])
+        lines.append(f"| {name} | {len(rows)} | {then} | {now} | {unchanged(rows)} |")
+    every = [row for rows in replays.values() for row in rows]
+    lines.append(f"| **all** | {len(every)} | {score([row['error'] for row in every])} | "
+                 f"{score([row['replayed_error'] for row in every])} | {unchanged(every)} |")
+    return "\n".join(lines)
+
+
+def by_kind(replays: dict[str, list[dict]]) -> str:
+    """Today's errors by kind of row: where the model is biased, the mean shows it; where the machine is, the
+    spread does."""
+    every = [row for rows in replays.values() for row in rows]
+    kinds = {"one host": lambda row: row["nodes"] == 1,
+             "two hosts, sync": lambda row: row["nodes"] == 2 and row["algorithm"] == "sync",
+             "two hosts, averaging": lambda row: row["nodes"] == 2 and row["algorithm"] == "averaging",
+             "two hosts, downpour": lambda row: row["algorithm"] == "downpour"}
+    lines = ["| rows | count | mean error | within 15% |", "| --- | ---: | ---: | ---: |"]
+    for kind, chosen in kinds.items():
+        errors = [row["replayed_error"] for row in every if chosen(row)]
+        if errors:
+            lines.append(f"| {kind} | {len(errors)} | {statistics.mean(errors):+.1%} | "
+                         f"{sum(abs(error) <= GOAL for error in errors)}/{len(errors)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--print", action="store_true", help="print the report, write no result")
+    args = parser.parse_args(argv)
+    replays, skipped = {}, []
+    for result in sorted(RESULTS.glob("*-plan*.json")):
+        if "replay" in result.stem:
+            continue
+        rows = replayed(result)
+        if rows is None:
+            skipped.append(result.stem)
+        else:
+            replays[result.stem] = rows
+    markdown = f"""# shoal plan's model today, against every committed `benchmarks.plan` measurement
+
+{machine_line()} (where this replay ran; the measurements' machines are in their results).
+Each row of each result planned again from that result's own profiles (their median, as
+`benchmarks.plan` plans) with today's `shoal.plan.predict`, against the same measured median run.
+`.venv/bin/python -m benchmarks.plan_replay`
+
+{report(replays)}
+
+Today's errors by kind of row (all results; negative: under-predicted):
+
+{by_kind(replays)}
+
+Left out (profiles not kept per calibration): {", ".join(skipped) or "none"}.
+"""
+    if args.print:
+        print(markdown)
+        return
+    path = write_result("plan-replay", markdown, {"results": {name: rows for name, rows in replays.items()}})
+    print(markdown)
+    print(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""benchmarks.plan_replay: a stored measurement planned again is planned as `benchmarks.plan` planned it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from benchmarks import plan_replay
+from benchmarks.plan import ALGORITHMS, MODELS, write_job
+
+from shoal.api import resolve_job
+from shoal.data.synthetic import synth_digits
+from shoal.plan.costs import Link
+from shoal.plan.median import median_profile
+from shoal.plan.planner import job_shape
+from shoal.plan.predict import Layout, predict
+from shoal.plan.profile import Compute, Network, Profile, load_profile
+
+
+def test_a_replayed_row_has_the_shape_the_plan_reads_from_the_benchmarks_job(tmp_path):
+    synth_digits(tmp_path / "digits", 300, seed=1)
+    for model in MODELS:
+        for algorithm in ALGORITHMS:
+            job = resolve_job(write_job(tmp_path, tmp_path / "digits", model, algorithm, 128, tmp_path), [])
+            row = {"model": model, "algorithm": algorithm, "rows": 300, "batch": 128}
+            assert plan_replay.shape_of(row) == job_shape(job)
+
+
+def profile(step: float, across: float) -> dict:
+    compute = Compute(model="m", parameters=31810, threads=1, step_seconds={128: step}, update_seconds=1e-4,
+                      copy_seconds_per_byte=1e-10, evaluate_seconds_per_row=1e-6, load_rows_per_second=1e6,
+                      startup_seconds=4.0, pace_range=1.2)
+    network = Network(across=Link(1e-4, across), inside=Link(1e-5, 1e9), source="test")
+    return json.loads(Profile(compute=compute, network=network).to_json())
+
+
+def test_each_row_is_planned_from_the_median_of_its_links_profiles(tmp_path):
+    measured = {"rows": 10_000, "model": "784-40-10", "batch": 128, "measured": 0.5, "error": 0.0}
+    result = tmp_path / "2026-01-01-2core-cpu-plan.json"
+    result.write_text(json.dumps({"results": [
+        {**measured, "rate": "-", "algorithm": "sync", "nodes": 1},  # one host: measured under the first link
+        {**measured, "rate": "1gbit", "algorithm": "sync", "nodes": 2},
+        *({"profile": profile(step, across), "rate": "1gbit", "model": "784-40-10", "calibration": run}
+          for run, (step, across) in enumerate([(1e-3, 1e8), (2e-3, 5e7), (4e-3, 2e7)])),
+        {"profile": profile(9e-3, 1e6), "rate": "10mbit", "model": "784-40-10", "calibration": 0}]}))
+    rows = plan_replay.replayed(result)
+    paths = []
+    for run, (step, across) in enumerate([(1e-3, 1e8), (2e-3, 5e7), (4e-3, 2e7)]):
+        paths.append(tmp_path / f"{run}.json")
+        paths[-1].write_text(json.dumps(profile(step, across)))
+    middle = median_profile([(path, load_profile(path)) for path in paths])
+    for row, nodes in zip(rows, (1, 2)):
+        shape = plan_replay.shape_of(row)
+        expected = predict(shape, Layout(nodes, 1), middle.compute, middle.network).epoch_seconds
+        assert row["replayed"] == pytest.approx(expected) and row["replayed_error"] == pytest.approx(expected / 0.5 - 1)
+    assert middle.compute.step_seconds[128] == pytest.approx(2e-3)  # the middle calibration, not the 10 Mbit/s one
+
+
+def test_a_result_without_profiles_per_calibration_is_left_out(tmp_path):
+    result = tmp_path / "2026-01-01-2core-cpu-plan.json"
+    result.write_text(json.dumps({"results": [{"profile": profile(1e-3, 1e8), "rate": "1gbit", "model": "x"}]}))
+    assert plan_replay.replayed(result) is None
