@@ -370,7 +370,8 @@ def parser() -> argparse.ArgumentParser:
                           "npy, idx: the labels file; hdf5: the labels dataset (default y or label)")
     importer.add_argument("--features", metavar="NAME", help="hdf5: the features dataset (default x or features)")
     importer.add_argument("--unlabeled", action="store_true",
-                          help="npy: a features .npy alone, rows to predict (shoal predict), not to train on")
+                          help="npy, csv, parquet: features alone, rows to predict (shoal predict), not to train "
+                          "on; tables: every column a feature (--encoding-from: its label column left out)")
     importer.add_argument("--categorical", type=comma_list, metavar="COL[,COL...]",
                           help="csv, parquet: text columns to one-hot encode, names or 0-based indices")
     importer.add_argument("--encoding-from", metavar="DATASET_DIR",

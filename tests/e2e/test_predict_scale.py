@@ -52,5 +52,5 @@ def test_unlabeled_rows_are_not_trained_on(setup, tmp_path):
     with pytest.raises(ConfigError, match="data.train: .* has no labels") as raised:
         shoal.fit(job, workers=1, run_dir=tmp_path / "run")
     assert "\n" not in str(raised.value) and not (tmp_path / "run").exists()
-    with pytest.raises(DataError, match="unlabeled: a features .npy alone"):
+    with pytest.raises(DataError, match="unlabeled: features alone, from npy, csv, parquet"):
         import_dataset(folder / "rows.npy", tmp_path / "other", "npy", unlabeled=True, label=str(folder / "rows.npy"))

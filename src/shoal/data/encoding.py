@@ -52,7 +52,8 @@ def check_filled(name: str, values: pa.Array, locate: Locate) -> None:
         raise DataError(f"{locate(row)}: the categorical column {name!r} is empty")
 
 
-def resolve_columns(source: str, header: Sequence[str], requested: Sequence[str], label_position: int) -> list[str]:
+def resolve_columns(source: str, header: Sequence[str], requested: Sequence[str],
+                    label_position: int | None) -> list[str]:
     """Column names for `requested` names or positions (0-based, negative from the end), in header order."""
     positions = set()
     for item in requested:
@@ -105,8 +106,8 @@ class CategoryCollector:
 class Encoding:
     """How a table's columns become features: source columns in order, categories of the categorical ones."""
 
-    label: str
-    """The label column's name."""
+    label: str | None
+    """The label column's name (None: imported unlabeled, rows to predict)."""
     columns: tuple[str, ...]
     """The feature columns, in the order their features appear."""
     categories: dict[str, tuple[str, ...]]
@@ -149,7 +150,7 @@ class Encoding:
             raise DataError(f"{where}: has no '{META_KEY}' (only CSV and Parquet imports record one)")
         try:
             label, columns, categories = meta["label"], meta["columns"], meta["categories"]
-            ok = (isinstance(label, str) and isinstance(columns, list) and isinstance(categories, dict)
+            ok = (isinstance(label, str | None) and isinstance(columns, list) and isinstance(categories, dict)
                   and all(isinstance(name, str) for name in columns)
                   and all(name in columns and all(isinstance(value, str) for value in values)
                           for name, values in categories.items()))

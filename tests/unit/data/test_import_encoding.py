@@ -146,3 +146,56 @@ def test_a_wide_encoding_is_written_a_bounded_slice_at_a_time(tmp_path, monkeypa
     assert dataset.shape == (302,) and sizes == [50] * 6
     features, _, _ = read_back(tmp_path / "out")
     np.testing.assert_array_equal(features[:, 1:301], np.eye(300))
+
+
+def test_rows_to_predict_are_encoded_as_the_training_set_with_or_without_its_label(tmp_path):
+    train = tmp_path / "train.csv"
+    train.write_text(csv_text(TRAIN_ROWS))
+    import_dataset(str(train), str(tmp_path / "train"), "csv", categorical=["state", "color"])
+    without = tmp_path / "new.csv"  # no label column, columns in another order
+    without.write_text(csv_text([(row[2], row[0], row[1]) for row in TEST_ROWS], columns=("color", "age", "state")))
+    still = tmp_path / "labeled.csv"  # the label column still there: not read
+    still.write_text(csv_text(TEST_ROWS))
+    columns = list(zip(*TEST_ROWS))
+    pq.write_table(pa.table({"state": columns[1], "age": np.array(columns[0], dtype=float), "color": columns[2]}),
+                   tmp_path / "new.parquet")
+    for source, format in ((without, "csv"), (still, "csv"), (tmp_path / "new.parquet", "parquet")):
+        out = tmp_path / f"new-{source.name}"
+        dataset = import_dataset(str(source), str(out), format, unlabeled=True, encoding_from=str(tmp_path / "train"))
+        assert not dataset.labeled and dataset.feature_names == open_names(tmp_path / "train")
+        np.testing.assert_array_equal(dataset.read_all()[0], one_hot(TEST_ROWS))
+
+
+def test_an_unlabeled_table_without_a_reference_has_every_column_a_feature(tmp_path):
+    source = tmp_path / "new.csv"
+    source.write_text(csv_text([row[:3] for row in TRAIN_ROWS], columns=("age", "state", "color")))
+    dataset = import_dataset(str(source), str(tmp_path / "new"), "csv", unlabeled=True, categorical=["state", "color"])
+    assert not dataset.labeled
+    features, _ = dataset.read_all()
+    np.testing.assert_array_equal(features, one_hot(TRAIN_ROWS))
+    meta = json.loads((tmp_path / "new" / "meta.json").read_text())
+    assert meta["encoding"]["label"] is None and meta["source"]["label"] is None
+    plain = tmp_path / "numbers.csv"  # nothing categorical: the first pass still counts the rows
+    plain.write_text("a,b\n1,2\n3,4\n5,6\n")
+    numbers = import_dataset(str(plain), str(tmp_path / "numbers"), "csv", unlabeled=True)
+    assert numbers.rows == 3 and numbers.shape == (2,) and not numbers.labeled
+    # an encoding read back from an unlabeled import serves a later one
+    again = import_dataset(str(source), str(tmp_path / "again"), "csv", unlabeled=True,
+                           encoding_from=str(tmp_path / "new"))
+    assert again.feature_names == open_names(tmp_path / "new")
+
+
+def test_unlabeled_imports_refuse_labels_and_name_a_bad_value(tmp_path):
+    train = tmp_path / "train.csv"
+    train.write_text(csv_text(TRAIN_ROWS))
+    import_dataset(str(train), str(tmp_path / "train"), "csv", categorical=["state", "color"])
+    bad = tmp_path / "bad.csv"
+    bad.write_text(csv_text([("red", "no", "7", "TX"), ("red", "no", "x", "CA")],
+                            columns=("color", "bought", "age", "state")))
+    import_fails(bad, tmp_path / "out", "csv", f"^{bad}:3: column 'age' holds 'x', which is not a number",
+                 unlabeled=True, encoding_from=str(tmp_path / "train"))
+    import_fails(train, tmp_path / "out", "csv", f"^{train}: unlabeled: features alone, from npy, csv, parquet "
+                 r"\(no label or classes\)", unlabeled=True, label="bought")
+    libsvm = tmp_path / "small.svm"
+    libsvm.write_text("1 1:1\n")
+    import_fails(libsvm, tmp_path / "out", "libsvm", "libsvm files are imported with their labels$", unlabeled=True)

@@ -46,6 +46,7 @@ IMPORTERS: dict[str, Importer] = {
 }
 FORMATS = tuple(IMPORTERS)
 TABLE_FORMATS = tuple(name for name, importer in IMPORTERS.items() if importer.table)
+UNLABELED = ("npy", *TABLE_FORMATS)  # formats whose rows can be imported without labels, to predict
 
 
 def import_dataset(
@@ -72,7 +73,9 @@ def import_dataset(
     `features` names. `categorical` lists the table columns to one-hot encode (names or
     numbers); `encoding_from`, a dataset folder, makes a table encode as that dataset did.
     `classes` lists the allowed labels: a row with any other label fails the import. `unlabeled`
-    imports features alone (format npy: a features `.npy`), rows to predict rather than train on.
+    imports features alone, rows to predict rather than train on: a features `.npy`, or a CSV or
+    Parquet table whose every column is a feature (with `encoding_from`, the training set's label
+    column, where the table still has it, is left out).
     """
     source, out = str(source), str(out)
     if format not in IMPORTERS:
@@ -83,9 +86,9 @@ def import_dataset(
     if rows_per_file < 1:
         raise DataError(f"{out}: rows_per_file must be at least 1, got {rows_per_file}")
     _check_format_options(source, format, features, categorical, encoding_from)
-    if unlabeled and (format != "npy" or label is not None or classes is not None):
-        raise DataError(f"{source}: unlabeled: a features .npy alone (format npy, no label or classes); "
-                        "other formats are imported with their label")
+    if unlabeled and (format not in UNLABELED or label is not None or classes is not None):
+        raise DataError(f"{source}: unlabeled: features alone, from {', '.join(UNLABELED)} (no label or classes); "
+                        f"{format} files are imported with their labels")
     # Checked here as well as in the writer so that a long first pass is not wasted.
     if os.path.exists(out) and not overwrite:
         raise DataError(f"{out}: already exists (choose another output folder)")

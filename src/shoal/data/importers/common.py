@@ -138,19 +138,20 @@ def labels_dtype_of(path: str, shape: tuple[int, ...], dtype: np.dtype) -> np.dt
 class TableColumns:
     """A table's columns as an import uses them: the label, the features, the features to one-hot encode."""
 
-    label_position: int
-    label: str
+    label_position: int | None  # None: an unlabeled import (rows to predict)
+    label: str | None
     features: list[str]
     categorical: list[str]
 
 
 def table_columns(request: ImportRequest, names: list[str]) -> TableColumns:
-    """Resolve the label and categorical columns; a reference encoding names both."""
+    """Resolve the label and categorical columns; a reference encoding names both. Unlabeled, every column is a
+    feature, except the reference's label column where the table still has it."""
     label, encoding = request.label, request.encoding
     if label is None and encoding is not None and encoding.label in names:
         label = encoding.label
-    label_position = label_column(request.source, names, label)
-    label_name = names[label_position]
+    label_position = None if request.unlabeled and label is None else label_column(request.source, names, label)
+    label_name = None if label_position is None else names[label_position]
     features = [name for position, name in enumerate(names) if position != label_position]
     if not features:
         raise DataError(f"{request.source}: no feature columns besides the label column {label_name!r}")
@@ -159,6 +160,8 @@ def table_columns(request: ImportRequest, names: list[str]) -> TableColumns:
         categorical = list(encoding.categories)
     else:
         categorical = resolve_columns(request.source, names, request.categorical, label_position)
+    if request.unlabeled:  # the reference's label, read no further
+        return TableColumns(None, None, features, categorical)
     return TableColumns(label_position, label_name, features, categorical)
 
 

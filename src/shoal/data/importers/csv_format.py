@@ -59,9 +59,12 @@ def _first_pass(
     source, encoding, categorical = request.source, request.encoding, columns.categorical
     label_kind, rows = "int", 0
     collector = CategoryCollector(source, categorical)
-    first_pass = [columns.label, *categorical]
+    labeled = columns.label is not None
+    # unlabeled and nothing to collect: one column read all the same, to count the rows
+    first_pass = [*([columns.label] if labeled else []), *categorical] or header[:1]
     for batch in _csv_batches(source, header, dict.fromkeys(first_pass, pa.string()), first_pass):
-        label_kind = _wider_kind(label_kind, _label_kind(source, header, columns.label_position, batch.column(0)))
+        if labeled:
+            label_kind = _wider_kind(label_kind, _label_kind(source, header, columns.label_position, batch.column(0)))
         collector.see(batch, offset_locator(locate, rows), encoding)
         rows += batch.num_rows
     if rows == 0:
@@ -77,20 +80,23 @@ def _second_pass(
 ) -> None:
     """Convert every column and hand the encoded features and the labels to the writer."""
     source = request.source
+    labeled = columns.label is not None
     column_types = (dict.fromkeys(columns.features, pa.float32()) | dict.fromkeys(columns.categorical, pa.string())
-                    | {columns.label: pa.string()})
+                    | ({columns.label: pa.string()} if labeled else {}))
     meta = source_meta("csv", source, label=columns.label) | {"encoding": encoding.to_meta()}
     shape = (encoding.width,)
     # A few bytes of text can encode to many one-hot features: encode a bounded slice at a time.
     slice_rows = rows_per_chunk(shape, np.dtype(np.float32))
     with import_writer(request.out, shape, np.float32, request.writer_options, locate=locate,
-                       feature_names=encoding.feature_names, extra_meta=meta) as writer:
+                       feature_names=encoding.feature_names, extra_meta=meta, labeled=labeled) as writer:
         rows = 0
-        for batch in _csv_batches(source, header, column_types, None):
+        # unlabeled, a reference's label column left in the table is not read
+        for batch in _csv_batches(source, header, column_types, None if labeled else list(column_types)):
             for start in range(0, batch.num_rows, slice_rows):
                 part = batch.slice(start, slice_rows)
                 features = encoding.encode(part, offset_locator(locate, rows))
-                writer.write(features, _convert_labels(part.column(columns.label_position), label_kind))
+                labels = _convert_labels(part.column(columns.label), label_kind) if labeled else None
+                writer.write(features, labels)
                 rows += part.num_rows
 
 

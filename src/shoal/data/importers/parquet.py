@@ -43,7 +43,8 @@ def import_file(request: ImportRequest) -> None:
     columns = table_columns(request, names)
     for name in columns.features:
         _check_feature_type(source, name, schema.field(name).type, name in columns.categorical)
-    label_target = _label_dtype(source, columns.label, schema.field(columns.label).type)
+    label_target = None if columns.label is None else _label_dtype(source, columns.label,
+                                                                    schema.field(columns.label).type)
     if parquet.metadata.num_rows == 0:
         raise DataError(f"{source}: holds no rows: the source is empty")
     locate = row_locator(source)
@@ -58,8 +59,10 @@ def _first_pass(request: ImportRequest, parquet: pq.ParquetFile, columns: TableC
     source, encoding, categorical = request.source, request.encoding, columns.categorical
     collector = CategoryCollector(source, categorical)
     rows = 0
-    for batch in _batches(source, parquet, [columns.label, *categorical], BATCH_ROWS):
-        _check_filled(columns.label, batch.column(columns.label), locate, rows)
+    label = [] if columns.label is None else [columns.label]
+    for batch in _batches(source, parquet, [*label, *categorical], BATCH_ROWS):
+        if label:
+            _check_filled(columns.label, batch.column(columns.label), locate, rows)
         collector.see(batch, offset_locator(locate, rows), encoding)
         rows += batch.num_rows
     if encoding is None:
@@ -72,17 +75,18 @@ def _second_pass(
     parquet: pq.ParquetFile,
     columns: TableColumns,
     encoding: Encoding,
-    label_target: np.dtype,
+    label_target: np.dtype | None,
     locate: Locate,
 ) -> None:
     """Encode the features and hand them, with the labels, to the writer a batch at a time."""
     source, feature_names = request.source, columns.features
     meta = source_meta("parquet", source, label=columns.label) | {"encoding": encoding.to_meta()}
     batch_rows = min(BATCH_ROWS, rows_per_chunk((encoding.width,), np.dtype(np.float32)))
+    label = [] if columns.label is None else [columns.label]
     with import_writer(request.out, (encoding.width,), np.float32, request.writer_options, locate=locate,
-                       feature_names=encoding.feature_names, extra_meta=meta) as writer:
+                       feature_names=encoding.feature_names, extra_meta=meta, labeled=bool(label)) as writer:
         rows = 0
-        for batch in _batches(source, parquet, [*feature_names, columns.label], batch_rows):
+        for batch in _batches(source, parquet, [*feature_names, *label], batch_rows):
             arrays = []
             for name in feature_names:
                 values = batch.column(name)
@@ -92,7 +96,7 @@ def _second_pass(
                 arrays.append(values)
             table = pa.RecordBatch.from_arrays(arrays, feature_names)
             features = encoding.encode(table, offset_locator(locate, rows))
-            writer.write(features, _labels(batch.column(columns.label), label_target))
+            writer.write(features, _labels(batch.column(columns.label), label_target) if label else None)
             rows += batch.num_rows
 
 
