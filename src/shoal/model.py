@@ -172,7 +172,29 @@ LAYER_KINDS: dict[str, set[str]] = {
 }
 
 
+# layers whose output has their input's shape
+SHAPE_KEEPING = (nn.Dropout, nn.Identity, nn.ReLU, nn.Sigmoid, nn.Tanh, nn.GELU, nn.ELU, nn.SiLU, nn.LeakyReLU,
+                 nn.Softmax, nn.LogSoftmax, nn.BatchNorm1d)
+
+
+def _known_shape(modules: list[nn.Module], shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The output shape of layers that need no forward pass to tell it (dense ones and what keeps a shape), or
+    None. On the meta device, where the launcher sizes a model, a forward pass imports torch's decompositions
+    and sympy: half a second of every `shoal train`."""
+    for module in modules:
+        if isinstance(module, nn.Flatten) and module.start_dim == 1 and module.end_dim == -1:
+            shape = (math.prod(shape),)
+        elif isinstance(module, nn.Linear) and shape == (module.in_features,):
+            shape = (module.out_features,)
+        elif not isinstance(module, SHAPE_KEEPING):
+            return None
+    return shape
+
+
 def _output_shape(modules: list[nn.Module], shape: tuple[int, ...], where: str) -> tuple[int, ...]:
+    known = _known_shape(modules, shape)
+    if known is not None:
+        return known
     probe = nn.Sequential(*modules).eval()
     try:
         with torch.no_grad():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import textwrap
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from shoal import model as model_module
 from shoal.errors import ConfigError
 from shoal.model import ACTIVATIONS, build_model, from_factory, from_layers, output_shape
 
@@ -353,3 +355,37 @@ def test_build_model_is_deterministic_under_a_seed():
     assert any(not torch.equal(first_state[key], third_state[key]) for key in first_state)
     inputs = torch.randn(3, 1, 12, 12)
     torch.testing.assert_close(first(inputs), second(inputs), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- shapes told without a forward pass
+KNOWN_SHAPES = {
+    "dense layers and what keeps a shape": ([12], [{"dense": 8, "activation": name} for name in ACTIVATIONS]
+                                           + [{"dropout": 0.5}, {"batchnorm": True}, {"dense": 3, "bias": False}]),
+    "a dense layer on an image": ([2, 5, 5], [{"batchnorm": True}, {"dense": 4}]),
+    "a dense layer after a convolution": ([1, 8, 8], [{"conv2d": 2, "kernel": 3}, {"flatten": True}, {"dense": 4}]),
+}
+
+
+@pytest.mark.parametrize("case", list(KNOWN_SHAPES))
+def test_a_shape_told_without_a_forward_pass_is_the_forward_passs(case, monkeypatch):
+    input_shape, layers = KNOWN_SHAPES[case]
+    probed = []
+    monkeypatch.setattr(model_module, "_known_shape", lambda modules, shape: probed.append(shape))
+    forward = from_layers(input_shape, layers)  # every shape from a forward pass
+    assert len(probed) >= len(layers)
+    monkeypatch.undo()
+    told = from_layers(input_shape, layers)
+    assert str(told) == str(forward) and run(told, input_shape).shape == run(forward, input_shape).shape
+
+
+def test_sizing_a_dense_model_on_the_meta_device_imports_no_sympy(project_env):
+    script = """
+import sys
+from shoal.train.prepare import built_on_meta
+model = built_on_meta({"input": [784], "layers": [{"dense": 256, "activation": "relu"}, {"dropout": 0.1},
+                                                  {"dense": 10}]})
+assert next(model.parameters()).is_meta and "sympy" not in sys.modules, "sympy imported"
+"""
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=project_env,
+                              timeout=120)
+    assert finished.returncode == 0, finished.stderr[-2000:]
