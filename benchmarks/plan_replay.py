@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import json
 import statistics
-import tempfile
 from pathlib import Path
 
 from benchmarks.common import RESULTS, machine_line, write_result
@@ -27,7 +26,7 @@ from shoal.algorithms import options_class
 from shoal.config import drop_none
 from shoal.plan.median import median_profile
 from shoal.plan.predict import Layout, Shape, predict
-from shoal.plan.profile import load_profile
+from shoal.plan.profile import profile_from
 
 INPUTS, CLASSES = 784, 10  # benchmarks.plan's digits
 
@@ -46,31 +45,29 @@ def shape_of(row: dict) -> Shape:
                  epochs=3, eval_every=1, algorithm=row["algorithm"], options=options)
 
 
-def profiles_of(results: list[dict], folder: Path) -> dict[tuple[str, str], list]:
-    """(link, model) -> its calibrations' profiles, in the order measured (`load_profile` reads them as saved)."""
+def profiles_of(result: Path, results: list[dict]) -> dict[tuple[str, str], list]:
+    """(link, model) -> its calibrations' profiles, in the order measured, each named for error messages."""
     found: dict[tuple[str, str], list] = {}
     for entry in results:
         if "profile" in entry and "calibration" in entry:
-            path = folder / f"{entry['rate']}-{entry['model']}-{entry['calibration']}.json"
-            path.write_text(json.dumps(entry["profile"]))
-            found.setdefault((entry["rate"], entry["model"]), []).append((path, load_profile(path)))
+            where = Path(f"{result}: {entry['rate']} {entry['model']} calibration {entry['calibration']}")
+            found.setdefault((entry["rate"], entry["model"]), []).append((where, profile_from(entry["profile"], where)))
     return found
 
 
 def replayed(result: Path) -> list[dict] | None:
     """Each measured row of `result` with today's prediction and error; None without per-calibration profiles."""
     results = json.loads(result.read_text())["results"]
-    with tempfile.TemporaryDirectory() as folder:
-        profiles = profiles_of(results, Path(folder))
-        if not profiles:
-            return None
-        first_link = next(iter(profiles))[0]  # one-host rows ran on the first link's cluster, with its calibrations
-        rows = []
-        for row in (row for row in results if "error" in row):
-            link = first_link if row["rate"] == "-" else row["rate"]
-            profile = median_profile(profiles[(link, row["model"])])
-            now = predict(shape_of(row), Layout(row["nodes"], 1), profile.compute, profile.network).epoch_seconds
-            rows.append({**row, "replayed": now, "replayed_error": now / row["measured"] - 1})
+    profiles = profiles_of(result, results)
+    if not profiles:
+        return None
+    first_link = next(iter(profiles))[0]  # one-host rows ran on the first link's cluster, with its calibrations
+    rows = []
+    for row in (row for row in results if "error" in row):
+        link = first_link if row["rate"] == "-" else row["rate"]
+        profile = median_profile(profiles[(link, row["model"])])
+        now = predict(shape_of(row), Layout(row["nodes"], 1), profile.compute, profile.network).epoch_seconds
+        rows.append({**row, "replayed": now, "replayed_error": now / row["measured"] - 1})
     return rows
 
 

@@ -143,6 +143,11 @@ def load_profile(path: Path) -> Profile:
         raise ConfigError(f"{path}: no such profile") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ConfigError(f"{path}: not a shoal profile ({error})") from None
+    return profile_from(raw, path)
+
+
+def profile_from(raw, path: Path) -> Profile:
+    """A profile from its JSON data as read (`path` names where it came from in errors)."""
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         found = raw.get("format") if isinstance(raw, dict) else None
         raise ConfigError(f"{path}: format: expected {FORMAT}, got {found!r} (a profile written by this shoal's "

@@ -14,7 +14,7 @@ from shoal.plan.costs import Link
 from shoal.plan.median import median_profile
 from shoal.plan.planner import job_shape
 from shoal.plan.predict import Layout, predict
-from shoal.plan.profile import Compute, Network, Profile, load_profile
+from shoal.plan.profile import Compute, Network, Profile, profile_from
 
 
 def test_a_replayed_row_has_the_shape_the_plan_reads_from_the_benchmarks_job(tmp_path):
@@ -44,11 +44,8 @@ def test_each_row_is_planned_from_the_median_of_its_links_profiles(tmp_path):
           for run, (step, across) in enumerate([(1e-3, 1e8), (2e-3, 5e7), (4e-3, 2e7)])),
         {"profile": profile(9e-3, 1e6), "rate": "10mbit", "model": "784-40-10", "calibration": 0}]}))
     rows = plan_replay.replayed(result)
-    paths = []
-    for run, (step, across) in enumerate([(1e-3, 1e8), (2e-3, 5e7), (4e-3, 2e7)]):
-        paths.append(tmp_path / f"{run}.json")
-        paths[-1].write_text(json.dumps(profile(step, across)))
-    middle = median_profile([(path, load_profile(path)) for path in paths])
+    middle = median_profile([(tmp_path, profile_from(profile(step, across), tmp_path))
+                             for step, across in [(1e-3, 1e8), (2e-3, 5e7), (4e-3, 2e7)]])
     for row, nodes in zip(rows, (1, 2)):
         shape = plan_replay.shape_of(row)
         expected = predict(shape, Layout(nodes, 1), middle.compute, middle.network).epoch_seconds

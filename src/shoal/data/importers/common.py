@@ -143,6 +143,11 @@ class TableColumns:
     features: list[str]
     categorical: list[str]
 
+    @property
+    def read_label(self) -> list[str]:
+        """The label column to read with the features: none for an unlabeled import."""
+        return [] if self.label is None else [self.label]
+
 
 def table_columns(request: ImportRequest, names: list[str]) -> TableColumns:
     """Resolve the label and categorical columns; a reference encoding names both. Unlabeled, every column is a

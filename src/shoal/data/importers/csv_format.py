@@ -59,11 +59,10 @@ def _first_pass(
     source, encoding, categorical = request.source, request.encoding, columns.categorical
     label_kind, rows = "int", 0
     collector = CategoryCollector(source, categorical)
-    labeled = columns.label is not None
     # unlabeled and nothing to collect: one column read all the same, to count the rows
-    first_pass = [*([columns.label] if labeled else []), *categorical] or header[:1]
+    first_pass = [*columns.read_label, *categorical] or header[:1]
     for batch in _csv_batches(source, header, dict.fromkeys(first_pass, pa.string()), first_pass):
-        if labeled:
+        if columns.read_label:
             label_kind = _wider_kind(label_kind, _label_kind(source, header, columns.label_position, batch.column(0)))
         collector.see(batch, offset_locator(locate, rows), encoding)
         rows += batch.num_rows
@@ -80,9 +79,9 @@ def _second_pass(
 ) -> None:
     """Convert every column and hand the encoded features and the labels to the writer."""
     source = request.source
-    labeled = columns.label is not None
+    labeled = bool(columns.read_label)
     column_types = (dict.fromkeys(columns.features, pa.float32()) | dict.fromkeys(columns.categorical, pa.string())
-                    | ({columns.label: pa.string()} if labeled else {}))
+                    | dict.fromkeys(columns.read_label, pa.string()))
     meta = source_meta("csv", source, label=columns.label) | {"encoding": encoding.to_meta()}
     shape = (encoding.width,)
     # A few bytes of text can encode to many one-hot features: encode a bounded slice at a time.

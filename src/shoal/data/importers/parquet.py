@@ -59,9 +59,8 @@ def _first_pass(request: ImportRequest, parquet: pq.ParquetFile, columns: TableC
     source, encoding, categorical = request.source, request.encoding, columns.categorical
     collector = CategoryCollector(source, categorical)
     rows = 0
-    label = [] if columns.label is None else [columns.label]
-    for batch in _batches(source, parquet, [*label, *categorical], BATCH_ROWS):
-        if label:
+    for batch in _batches(source, parquet, [*columns.read_label, *categorical], BATCH_ROWS):
+        if columns.read_label:
             _check_filled(columns.label, batch.column(columns.label), locate, rows)
         collector.see(batch, offset_locator(locate, rows), encoding)
         rows += batch.num_rows
@@ -82,7 +81,7 @@ def _second_pass(
     source, feature_names = request.source, columns.features
     meta = source_meta("parquet", source, label=columns.label) | {"encoding": encoding.to_meta()}
     batch_rows = min(BATCH_ROWS, rows_per_chunk((encoding.width,), np.dtype(np.float32)))
-    label = [] if columns.label is None else [columns.label]
+    label = columns.read_label
     with import_writer(request.out, (encoding.width,), np.float32, request.writer_options, locate=locate,
                        feature_names=encoding.feature_names, extra_meta=meta, labeled=bool(label)) as writer:
         rows = 0
