@@ -10,8 +10,10 @@ enough to add up to 3 s) is one run's epoch. The jobs run in RUNS passes, each a
 of its own; jobs predicted under 5 s an epoch run in every pass, longer ones (where the link's time
 dominates) in the first. Each job is then planned from the median of the RUNS profiles and
 compared with its median run: a VM's slow spells last minutes, and one spoils one profile and one
-run, not the comparison. Downpour needs a server and a trainer, so it has no one-host row. Needs
-root, `ip`, `tc`, 2 cores.
+run, not the comparison. Each run is also bracketed by the calibration's probed step, timed on each of
+its hosts alone (benchmarks.pace): the score is given a second time with each prediction's compute
+taken at that pace, which tells a miss of the model from the machine's drift since calibration.
+Downpour needs a server and a trainer, so it has no one-host row. Needs root, `ip`, `tc`, 2 cores.
 
     .venv/bin/python -m benchmarks.plan            # about 60 minutes on 2 cores
     .venv/bin/python -m benchmarks.plan --quick    # one model, batch 128, 1gbit and 10mbit
@@ -25,17 +27,19 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cluster.hosts import EmulatedCluster, missing_requirements
+from tests.cluster.hosts import EmulatedCluster, missing_requirements, unset_interfaces
 from tests.cluster.jobs import log_of, start_on_two_hosts
 
 from benchmarks.common import ROOT, WORK, machine, machine_line, write_result
 from shoal.data.synthetic import synth_digits
 from shoal.events import read_history
+from shoal.plan.profile import load_profile
 from shoal.plan.render import UNSTEADY
 
 RATES = {"1gbit": 100_000, "100mbit": 40_000, "10mbit": 4_000}  # link -> training rows (fewer where slow)
@@ -123,7 +127,33 @@ def later_epochs(run_dir: Path) -> dict:
             "communication": statistics.mean(epoch.seconds_split.communication for epoch in epochs)}
 
 
-def measured(cluster: EmulatedCluster, job: Path, nodes: int, name: str) -> dict:
+class HostPace:
+    """A `benchmarks.pace` process on a host of the cluster (stopped with the cluster's processes)."""
+
+    def __init__(self, cluster: EmulatedCluster, host: int):
+        command = cluster.command(host, [sys.executable, "-m", "benchmarks.pace"])
+        self.process = subprocess.Popen(command, env=unset_interfaces(environment()), stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
+        cluster.processes.append(self.process)
+
+    def step(self, job: Path, batch: int) -> float:
+        """Seconds of the probed step of `job`'s model at `batch` on this host now."""
+        self.process.stdin.write(f"{job} {batch}\n")
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"benchmarks.pace ended (status {self.process.wait(timeout=10)}) timing {job}")
+        return json.loads(answer)["step"]
+
+
+def paced(paces: list[HostPace], job: Path, batch: int) -> list[float]:
+    """The probed step on each host in turn, each timed alone: the machine's drift, not the run's contention."""
+    return [pace.step(job, batch) for pace in paces]
+
+
+def measured(cluster: EmulatedCluster, job: Path, nodes: int, name: str, paces: list[HostPace], batch: int) -> dict:
+    """One run's epoch (the mean of those after the first) and the probed step timed on its hosts right before
+    and after it."""
+    before = paced(paces[:nodes], job, batch)
     run_dir = cluster.shared / name
     if nodes == 1:
         command = [sys.executable, "-m", "shoal", "train", str(job), "--workers", "1", "--run-dir", str(run_dir)]
@@ -133,7 +163,7 @@ def measured(cluster: EmulatedCluster, job: Path, nodes: int, name: str) -> dict
     for host, launcher in enumerate(launchers):
         if launcher.wait(timeout=1800) != 0:
             raise RuntimeError(f"{name} host {host}: {log_of(cluster, run_dir, host)[-2000:]}")
-    return later_epochs(run_dir)
+    return {**later_epochs(run_dir), "pace_steps": before + paced(paces[:nodes], job, batch)}
 
 
 def runs_for(epoch_seconds: float, runs: int = RUNS) -> int:
@@ -151,6 +181,7 @@ def run_rate(rate: str, rows: int, models: list[str], batches: list[int], one_ho
     if not train.exists():
         synth_digits(train, rows, seed=1)
     with EmulatedCluster(hosts=2, rate=rate) as cluster:
+        paces = [HostPace(cluster, host) for host in range(2)]
         samples = {model: [cluster.shared / f"profile-{model}-{run}.json" for run in range(protocol.runs)]
                    for model in models}
         planned = []
@@ -159,11 +190,12 @@ def run_rate(rate: str, rows: int, models: list[str], batches: list[int], one_ho
                 calibrated(cluster, train, model, batches, samples[model][run])
             if run == 0:
                 planned = jobs_of(cluster, train, rows, models, batches, one_host, samples, protocol.seconds)
-            measure_pass(cluster, planned, run, protocol.runs)
+            measure_pass(cluster, planned, run, paces, protocol.runs)
         for entry in planned:
             row = entry["row"]
             plan = predicted(cluster, entry["job"], samples[row["model"]], row["algorithm"])
-            entry["plan"] = plan[row["nodes"]]
+            entry["plan"] = {**plan[row["nodes"]], "calibrated_step": calibrated_step(samples[row["model"]],
+                                                                                     row["batch"])}
         profiles = [{"profile": json.loads(path.read_text()), "rate": rate, "model": model, "calibration": run}
                     for model in models for run, path in enumerate(samples[model])]
     return [compared(entry["row"], entry["plan"], entry["runs"]) for entry in planned] + profiles
@@ -187,13 +219,19 @@ def jobs_of(cluster: EmulatedCluster, train: Path, rows: int, models: list[str],
     return planned
 
 
-def measure_pass(cluster: EmulatedCluster, planned: list[dict], run: int, runs: int = RUNS) -> None:
+def calibrated_step(profiles: list[Path], batch: int) -> float:
+    """The median over the calibrations of their probed step at `batch`: the pace the prediction assumes."""
+    return statistics.median(load_profile(path).compute.step_seconds[batch] for path in profiles)
+
+
+def measure_pass(cluster: EmulatedCluster, planned: list[dict], run: int, paces: list[HostPace],
+                 runs: int = RUNS) -> None:
     """Pass `run` over the link's jobs: every job the first calibration predicts short, the rest in pass 0."""
     for entry in planned:
         if run < runs_for(entry["first"], runs):
             row = entry["row"]
             name = f"{row['model']}-{row['algorithm']}-{row['batch']}-{row['nodes']}-{run}"
-            entry["runs"].append(measured(cluster, entry["job"], row["nodes"], name))
+            entry["runs"].append(measured(cluster, entry["job"], row["nodes"], name, paces, row["batch"]))
             print(f"{cluster.rate} {name}: first predicted {entry['first']:.2f} s, measured "
                   f"{entry['runs'][-1]['seconds']:.2f} s", flush=True)
 
@@ -206,20 +244,43 @@ def compared(row: dict, plan: dict, runs: list[dict]) -> dict:
            "measured": median_run["seconds"], "measured_communication": median_run["communication"],
            "runs": seconds, "pace_range": plan["pace_range"]}
     row["error"] = row["predicted"] / row["measured"] - 1
+    if "pace_steps" in median_run:
+        # the prediction's compute at the pace the run's hosts showed, over the pace its calibrations showed
+        row["run_paces"] = [statistics.mean(run["pace_steps"]) / plan["calibrated_step"] for run in runs]
+        row["pace"] = statistics.mean(median_run["pace_steps"]) / plan["calibrated_step"]
+        at_pace = plan["compute_seconds"] * row["pace"] + plan["communication_seconds"]
+        row["error_at_pace"] = at_pace / row["measured"] - 1
     return row
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| link | rows | model | algorithm | batch | hosts | predicted s/epoch | measured s/epoch (median) | "
-             "its runs | error | predicted comm. | measured comm. | pace range |",
-             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "its runs | error | predicted comm. | measured comm. | pace range | pace at run | error at that pace |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
         runs = ", ".join(f"{seconds:.3f}" for seconds in row["runs"])
         lines.append(f"| {row['rate']} | {row['rows']:,} | {row['model']} | {row['algorithm']} | {row['batch']} | "
                      f"{row['nodes']} | {row['predicted']:.3f} | {row['measured']:.3f} | {runs} | "
                      f"{row['error']:+.1%} | {row['predicted_communication']:.3f} | "
-                     f"{row['measured_communication']:.3f} | {row['pace_range']:.2f}x |")
+                     f"{row['measured_communication']:.3f} | {row['pace_range']:.2f}x | {at_pace(row)} |")
     return "\n".join(lines)
+
+
+def at_pace(row: dict) -> str:
+    return f"{row['pace']:.2f}x | {row['error_at_pace']:+.1%}" if "pace" in row else "- | -"
+
+
+def pace_line(rows: list[dict]) -> str:
+    """The score with each prediction's compute taken at the pace its median run's hosts showed."""
+    errors = [abs(row["error_at_pace"]) for row in rows if "error_at_pace" in row]
+    if not errors:
+        return ""
+    paces = [row["pace"] for row in rows if "pace" in row]
+    return (f"At the pace the hosts showed around each median run (the calibration's probed step timed on each "
+            f"host alone right before and after it, over the calibrations' median; {min(paces):.2f}x to "
+            f"{max(paces):.2f}x), **{sum(error <= GOAL for error in errors)} of {len(errors)} within "
+            f"{GOAL:.0%}, median {statistics.median(errors):.1%}, largest {max(errors):.1%}**: what the model "
+            "misses once the machine's drift since calibration is taken out.")
 
 
 def unsteady_line(rows: list[dict]) -> str:
@@ -284,6 +345,8 @@ SGD with momentum; Downpour's server is host0's worker, its one trainer host1's.
 
 **{within} of {len(rows)} predictions within {GOAL:.0%} of the measurement; median error
 {statistics.median(errors):.1%}, largest {max(errors):.1%}.** {unsteady_line(rows)}
+
+{pace_line(rows)}
 
 {table(rows)}
 """

@@ -25,7 +25,7 @@ from benchmarks.plan import GOAL, MODELS
 from shoal.algorithms import options_class
 from shoal.config import drop_none
 from shoal.plan.median import median_profile
-from shoal.plan.predict import Layout, Shape, predict
+from shoal.plan.predict import Layout, Prediction, Shape, predict
 from shoal.plan.profile import profile_from
 
 INPUTS, CLASSES = 784, 10  # benchmarks.plan's digits
@@ -66,9 +66,19 @@ def replayed(result: Path) -> list[dict] | None:
     for row in (row for row in results if "error" in row):
         link = first_link if row["rate"] == "-" else row["rate"]
         profile = median_profile(profiles[(link, row["model"])])
-        now = predict(shape_of(row), Layout(row["nodes"], 1), profile.compute, profile.network).epoch_seconds
-        rows.append({**row, "replayed": now, "replayed_error": now / row["measured"] - 1})
+        now = predict(shape_of(row), Layout(row["nodes"], 1), profile.compute, profile.network)
+        rows.append({**row, "replayed": now.epoch_seconds, "replayed_error": now.epoch_seconds / row["measured"] - 1,
+                     **at_pace(row, now)})
     return rows
+
+
+def at_pace(row: dict, now: Prediction) -> dict:
+    """Today's error with its compute at the pace the row's median run showed (rows measured since the benchmark
+    timed it): benchmarks.plan.compared's score, with today's prediction."""
+    if "pace" not in row:
+        return {}
+    return {"replayed_error_at_pace": (now.compute_seconds * row["pace"] + now.communication_seconds)
+            / row["measured"] - 1}
 
 
 def score(errors: list[float]) -> str:
@@ -113,6 +123,16 @@ def by_kind(replays: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def paced(replays: dict[str, list[dict]]) -> str:
+    """Today's score over the rows whose runs were timed for pace, plainly and at that pace."""
+    rows = [row for found in replays.values() for row in found if "replayed_error_at_pace" in row]
+    if not rows:
+        return "No result has runs timed for pace yet."
+    return (f"Rows whose median run was timed for pace: {len(rows)}. Today's model on them, within 15% | median | "
+            f"largest: {score([row['replayed_error'] for row in rows])} as measured; "
+            f"{score([row['replayed_error_at_pace'] for row in rows])} at the pace their hosts showed.")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--print", action="store_true", help="print the report, write no result")
@@ -138,6 +158,8 @@ Each row of each result planned again from that result's own profiles (their med
 Today's errors by kind of row (all results; negative: under-predicted):
 
 {by_kind(replays)}
+
+{paced(replays)}
 
 Left out (profiles not kept per calibration): {", ".join(skipped) or "none"}.
 """

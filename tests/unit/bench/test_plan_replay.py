@@ -57,3 +57,20 @@ def test_a_result_without_profiles_per_calibration_is_left_out(tmp_path):
     result = tmp_path / "2026-01-01-2core-cpu-plan.json"
     result.write_text(json.dumps({"results": [{"profile": profile(1e-3, 1e8), "rate": "1gbit", "model": "x"}]}))
     assert plan_replay.replayed(result) is None
+
+
+def test_a_row_timed_for_pace_is_also_scored_at_that_pace_with_todays_model(tmp_path):
+    measured = {"rows": 10_000, "model": "784-40-10", "batch": 128, "measured": 0.5, "error": 0.0, "rate": "1gbit",
+                "algorithm": "sync", "nodes": 2}
+    result = tmp_path / "2026-01-01-2core-cpu-plan.json"
+    result.write_text(json.dumps({"results": [
+        measured, {**measured, "pace": 1.5},
+        {"profile": profile(1e-3, 1e8), "rate": "1gbit", "model": "784-40-10", "calibration": 0}]}))
+    plain, timed = plan_replay.replayed(result)
+    stored = profile_from(profile(1e-3, 1e8), tmp_path)
+    now = predict(plan_replay.shape_of(measured), Layout(2, 1), stored.compute, stored.network)
+    assert "replayed_error_at_pace" not in plain
+    assert timed["replayed_error_at_pace"] == pytest.approx(
+        (now.compute_seconds * 1.5 + now.communication_seconds) / 0.5 - 1)
+    line = plan_replay.paced({"r": [plain, timed]})
+    assert "timed for pace: 1." in line and plan_replay.score([timed["replayed_error_at_pace"]]) in line
