@@ -12,7 +12,8 @@ dominates) in the first. Each job is then planned from the median of the RUNS pr
 compared with its median run: a VM's slow spells last minutes, and one spoils one profile and one
 run, not the comparison. Each run is also bracketed by the calibration's probed step, timed on each of
 its hosts alone (benchmarks.pace): the score is given a second time with each prediction's compute
-taken at that pace, which tells a miss of the model from the machine's drift since calibration.
+taken at that pace, so that the machine's drift since calibration is told apart from the model's miss
+(as far as the timings around a run hold through it).
 Downpour needs a server and a trainer, so it has no one-host row. Needs root, `ip`, `tc`, 2 cores.
 
     .venv/bin/python -m benchmarks.plan            # about 60 minutes on 2 cores
@@ -279,8 +280,8 @@ def pace_line(rows: list[dict]) -> str:
     return (f"At the pace the hosts showed around each median run (the calibration's probed step timed on each "
             f"host alone right before and after it, over the calibrations' median; {min(paces):.2f}x to "
             f"{max(paces):.2f}x), **{sum(error <= GOAL for error in errors)} of {len(errors)} within "
-            f"{GOAL:.0%}, median {statistics.median(errors):.1%}, largest {max(errors):.1%}**: what the model "
-            "misses once the machine's drift since calibration is taken out.")
+            f"{GOAL:.0%}, median {statistics.median(errors):.1%}, largest {max(errors):.1%}**: the drift since "
+            "calibration that the timings around the run saw, taken out; a pace that moves within the run is not.")
 
 
 def unsteady_line(rows: list[dict]) -> str:
