@@ -146,7 +146,7 @@ class HostPace:
         return json.loads(answer)["step"]
 
 
-def paced(paces: list[HostPace], job: Path, batch: int) -> list[float]:
+def probed_steps(paces: list[HostPace], job: Path, batch: int) -> list[float]:
     """The probed step on each host in turn, each timed alone: the machine's drift, not the run's contention."""
     return [pace.step(job, batch) for pace in paces]
 
@@ -154,7 +154,7 @@ def paced(paces: list[HostPace], job: Path, batch: int) -> list[float]:
 def measured(cluster: EmulatedCluster, job: Path, nodes: int, name: str, paces: list[HostPace], batch: int) -> dict:
     """One run's epoch (the mean of those after the first) and the probed step timed on its hosts right before
     and after it."""
-    before = paced(paces[:nodes], job, batch)
+    before = probed_steps(paces[:nodes], job, batch)
     run_dir = cluster.shared / name
     if nodes == 1:
         command = [sys.executable, "-m", "shoal", "train", str(job), "--workers", "1", "--run-dir", str(run_dir)]
@@ -164,7 +164,7 @@ def measured(cluster: EmulatedCluster, job: Path, nodes: int, name: str, paces: 
     for host, launcher in enumerate(launchers):
         if launcher.wait(timeout=1800) != 0:
             raise RuntimeError(f"{name} host {host}: {log_of(cluster, run_dir, host)[-2000:]}")
-    return {**later_epochs(run_dir), "pace_steps": before + paced(paces[:nodes], job, batch)}
+    return {**later_epochs(run_dir), "pace_steps": before + probed_steps(paces[:nodes], job, batch)}
 
 
 def runs_for(epoch_seconds: float, runs: int = RUNS) -> int:
@@ -246,12 +246,17 @@ def compared(row: dict, plan: dict, runs: list[dict]) -> dict:
            "runs": seconds, "pace_range": plan["pace_range"]}
     row["error"] = row["predicted"] / row["measured"] - 1
     if "pace_steps" in median_run:
-        # the prediction's compute at the pace the run's hosts showed, over the pace its calibrations showed
+        # the pace each run's hosts showed, over the pace its calibrations showed
         row["run_paces"] = [statistics.mean(run["pace_steps"]) / plan["calibrated_step"] for run in runs]
-        row["pace"] = statistics.mean(median_run["pace_steps"]) / plan["calibrated_step"]
-        at_pace = plan["compute_seconds"] * row["pace"] + plan["communication_seconds"]
-        row["error_at_pace"] = at_pace / row["measured"] - 1
+        row["pace"] = row["run_paces"][runs.index(median_run)]
+        row["error_at_pace"] = error_at_pace(plan["compute_seconds"], plan["communication_seconds"], row)
     return row
+
+
+def error_at_pace(compute: float, communication: float, row: dict) -> float:
+    """A prediction's error against `row`'s measured epoch with its compute at the row's pace (its communication
+    as predicted)."""
+    return (compute * row["pace"] + communication) / row["measured"] - 1
 
 
 def table(rows: list[dict]) -> str:

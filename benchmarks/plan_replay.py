@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.common import RESULTS, machine_line, write_result
-from benchmarks.plan import GOAL, MODELS
+from benchmarks.plan import GOAL, MODELS, error_at_pace
 from shoal.algorithms import options_class
 from shoal.config import drop_none
 from shoal.plan.median import median_profile
@@ -77,8 +77,7 @@ def at_pace(row: dict, now: Prediction) -> dict:
     timed it): benchmarks.plan.compared's score, with today's prediction."""
     if "pace" not in row:
         return {}
-    return {"replayed_error_at_pace": (now.compute_seconds * row["pace"] + now.communication_seconds)
-            / row["measured"] - 1}
+    return {"replayed_error_at_pace": error_at_pace(now.compute_seconds, now.communication_seconds, row)}
 
 
 def score(errors: list[float]) -> str:
