@@ -52,8 +52,9 @@ def run(argv: list[str] | None = None) -> dict:
     job = load_job(args.job, args.overrides)
     threads = args.threads or threads_per_worker(job.cluster.threads, info.local_world_size)
     torch.set_num_threads(threads)
-    device = choose_device(job.cluster.device, info)
-    info = init_process_group(info, device, job.cluster.timeout)
+    info = init_process_group(info, choose_device(job.cluster.device, info), job.cluster.timeout,
+                              requested=job.cluster.device)
+    device = choose_device(job.cluster.device, info)  # as the ranks agreed
     recorder = outside_recorder(info)  # under torchrun, srun or mpirun the workers record failures themselves
     stop = slurm_warning(info, fixed_run_dir=bool(args.run_dir or job.output.run_dir))
     held = contextlib.ExitStack()

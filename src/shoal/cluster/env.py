@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from shoal.cluster.collectives import open_message_group
+from shoal.cluster.device_agreement import agree_device
 from shoal.cluster.environments import TorchElastic, detect
 from shoal.cluster.environments.mpi import MPI_LAUNCHERS, agree_master
 from shoal.cluster.interface import choose_interface
@@ -48,6 +49,8 @@ class DistInfo:
     """How many times the scheduler requeued the job (SLURM_RESTART_COUNT)."""
     stop_grace: float = 30.0
     """Seconds the launcher waits between its SIGTERM and its SIGKILL."""
+    device: str | None = None
+    """The device the job's ranks agreed on for this one when they joined (`init_process_group`)."""
 
 
 def get_dist_info(environ: Mapping[str, str] = os.environ) -> DistInfo:
@@ -63,10 +66,12 @@ def get_dist_info(environ: Mapping[str, str] = os.environ) -> DistInfo:
                     stop_grace=environment.stop_grace())
 
 
-def init_process_group(info: DistInfo, device: torch.device, timeout: float) -> DistInfo:
+def init_process_group(info: DistInfo, device: torch.device, timeout: float, requested: str | None = None) -> DistInfo:
     """Join the job's process group: NCCL on CUDA, gloo on CPU, rendezvous at rank 0's store (and, under
-    NCCL, a gloo group beside it for the parameter servers' messages: `open_message_group`).
-    Returns `info` with the attempt (`restarts`) every rank agreed on."""
+    NCCL, a gloo group beside it for the parameter servers' messages: `open_message_group`). `device` is
+    this rank's choice (`choose_device`) of `requested` (cluster.device; None: `device` and no other):
+    under "auto" or on a GPU the ranks first agree on their devices (`agree_device`).
+    Returns `info` with the attempt (`restarts`) and the device every rank agreed on."""
     if info.world_size == 1 or dist.is_initialized():  # alone: torchrun's own count is the job's
         return dataclasses.replace(info, restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
     one_machine = info.world_size == info.local_world_size
@@ -83,6 +88,9 @@ def init_process_group(info: DistInfo, device: torch.device, timeout: float) -> 
     # the interface that reaches the other machines, not the hostname's loopback
     choose_interface(one_machine=one_machine)
     attempt, store = agree_attempt(info, master, timeout)
+    if requested == "auto" or device.type == "cuda":
+        store = store or {"store": rendezvous_store(info, timeout)}  # the one torch's env:// would make
+        device = agree_device(requested or "cuda", device, store["store"], info.rank, info.world_size, info.host)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
         backend,
@@ -93,7 +101,14 @@ def init_process_group(info: DistInfo, device: torch.device, timeout: float) -> 
         **store,
     )
     open_message_group(timedelta(seconds=timeout))  # NCCL's job: the servers' messages over gloo
-    return dataclasses.replace(info, restarts=attempt)
+    return dataclasses.replace(info, restarts=attempt, device=str(device))
+
+
+def rendezvous_store(info: DistInfo, timeout: float) -> dist.Store:
+    """The job's store at MASTER_ADDR:MASTER_PORT, served by rank 0, as `init_process_group` opens it."""
+    store, _, _ = next(dist.rendezvous("env://", info.rank, info.world_size, timeout=timedelta(seconds=timeout)))
+    store.set_timeout(timedelta(seconds=timeout))
+    return store
 
 
 def agree_attempt(info: DistInfo, master: tuple[str, int], timeout: float) -> tuple[int, dict]:
@@ -117,7 +132,13 @@ def agree_attempt(info: DistInfo, master: tuple[str, int], timeout: float) -> tu
 
 
 def choose_device(name: str, info: DistInfo) -> torch.device:
-    """The device for this rank: local rank n uses cuda:n when CUDA is asked for, or present for all."""
+    """The device for this rank: local rank n uses cuda:n when CUDA is asked for, or present for all; once
+    joined, the device the job's ranks agreed on."""
+    if info.device is not None:
+        device = torch.device(info.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return device
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if info.gpu_per_process and gpus == 1 and name in ("auto", "cuda"):  # bound by the launcher: its own GPU
         torch.cuda.set_device(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from datetime import timedelta
 
 import pytest
@@ -14,6 +15,7 @@ from shoal.cluster.env import DistInfo, choose_device, cores, get_dist_info, ini
 from shoal.cluster.environments import ENVIRONMENTS
 from shoal.cluster.interface import SOCKET_VARIABLES
 from shoal.errors import ShoalError
+from tests.distributed.harness import free_port
 
 LAUNCHER_VARIABLES = [name for environment in ENVIRONMENTS for name in
                       (environment.RANK, environment.SIZE, environment.LOCAL_RANK, environment.LOCAL_SIZE) if name] + [
@@ -218,3 +220,24 @@ def test_a_world_of_many_on_cpu_joins_with_gloo(monkeypatch, joins):
     set_variables(monkeypatch, MASTER_ADDR="127.0.0.1", MASTER_PORT=29500, RANK=1, WORLD_SIZE=3)
     init_process_group(get_dist_info(), torch.device("cpu"), timeout=45)
     assert joins == [(("gloo",), {"rank": 1, "world_size": 3, "timeout": timedelta(seconds=45), "device_id": None})]
+
+
+def test_under_auto_the_ranks_agree_on_their_devices_in_the_store_they_then_join_with(monkeypatch, joins):
+    master = ("127.0.0.1", free_port())
+    set_variables(monkeypatch, MASTER_ADDR=master[0], MASTER_PORT=master[1])
+    infos = [DistInfo(rank=rank, world_size=2, local_rank=rank, local_world_size=2, master=master) for rank in range(2)]
+    joined = [None, None]
+
+    def join(rank: int) -> None:
+        joined[rank] = init_process_group(infos[rank], torch.device("cpu"), timeout=30, requested="auto")
+
+    threads = [threading.Thread(target=join, args=(rank,)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert [info.device for info in joined] == ["cpu", "cpu"]
+    assert sorted(kwargs["rank"] for _, kwargs in joins) == [0, 1]
+    for args, kwargs in joins:
+        assert args == ("gloo",) and kwargs["device_id"] is None
+        assert kwargs["store"].get("shoal/device/1") == b'{"host": "%s", "gpu": "cpu"}' % infos[1].host.encode()

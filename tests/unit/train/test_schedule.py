@@ -90,7 +90,8 @@ def test_clipping_bounds_each_step(tmp_path):
     Runner(job(tmp_path, **settings), DistInfo(), free, threads=1, comm=Communicator(0, 1)).run()
     start = Runner(job(tmp_path, **settings), DistInfo(), tmp_path, threads=1, comm=Communicator(0, 1))
     start.setup()  # the seeded initial weights
-    initial = {name: tensor.detach() for name, tensor in start.model.state_dict().items()}
+    # on the device the runner chose (a GPU where there is one); the saved weights load on the CPU
+    initial = {name: tensor.detach().cpu() for name, tensor in start.model.state_dict().items()}
     moved = {name: (weights(run)[name] - initial[name]).norm().item() for run in (free, clipped) for name in initial}
     steps = 12
     for name in initial:

@@ -1,0 +1,88 @@
+"""The ranks' agreement on devices: every rank on its own GPU keeps it, a GPU claimed twice or a rank
+without one puts an "auto" job on the CPU and refuses a "cuda" one in one line; the agreement runs over a
+real store, one thread per rank (GPUs stand in by their UUIDs: this machine may have none)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import shoal.cluster.device_agreement as agreement
+from shoal.cluster.device_agreement import agree_device, settle
+from shoal.cluster.env import DistInfo, choose_device
+from shoal.errors import ShoalError
+
+
+def claims(*gpus: str, host: str = "node-a") -> list[dict]:
+    return [{"host": host, "gpu": gpu} for gpu in gpus]
+
+
+@pytest.mark.parametrize("requested", ["auto", "cuda"])
+def test_every_rank_on_a_gpu_of_its_own_keeps_it(requested):
+    assert settle(requested, claims("GPU-1", "GPU-2") + claims("GPU-3", host="node-b")) == "own"
+
+
+def test_auto_puts_the_job_on_the_cpu_where_two_ranks_would_share_a_gpu():
+    assert settle("auto", claims("GPU-1") + claims("GPU-1", host="node-a-again")) == "cpu"
+
+
+def test_auto_puts_the_job_on_the_cpu_where_a_rank_has_no_gpu():
+    assert settle("auto", claims("GPU-1") + claims("cpu", host="node-b")) == "cpu"
+    assert settle("auto", claims("cpu", "cpu")) == "cpu"
+
+
+def test_cuda_with_a_gpu_claimed_twice_is_one_line_naming_the_ranks_and_host():
+    message = ("cluster.device: 'cuda' gives ranks 1, 2 one GPU on node-b (NCCL takes one GPU per rank): run one "
+               "node per machine, show each node its own GPUs (CUDA_VISIBLE_DEVICES), or set cluster.device = 'cpu'")
+    with pytest.raises(ShoalError) as raised:
+        settle("cuda", claims("GPU-1") + claims("GPU-2", "GPU-2", host="node-b"))
+    assert str(raised.value) == message
+
+
+def agreed(proposals: list[torch.device], requested: str, hosts: list[str]) -> list[torch.device | Exception]:
+    """Each rank's answer of `agree_device`, the ranks as threads sharing one store."""
+    store, answers = dist.HashStore(), [None] * len(proposals)
+
+    def rank(index: int) -> None:
+        try:
+            answers[index] = agree_device(requested, proposals[index], store, index, len(proposals), hosts[index])
+        except ShoalError as error:
+            answers[index] = error
+
+    threads = [threading.Thread(target=rank, args=(index,)) for index in range(len(proposals))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return answers
+
+
+@pytest.fixture
+def machine_gpus(monkeypatch):
+    """GPU i of the machine `cuda:i` is identified as GPU-i: two nodes on one machine see the same ones."""
+    monkeypatch.setattr(agreement, "gpu_identity", lambda device: "cpu" if device.type == "cpu" else
+                        f"GPU-{device.index}")
+
+
+def test_two_nodes_on_one_machine_share_its_gpu_and_agree_on_the_cpu(machine_gpus):
+    answers = agreed([torch.device("cuda", 0)] * 2, "auto", ["box", "box"])
+    assert answers == [torch.device("cpu")] * 2
+    refused = agreed([torch.device("cuda", 0)] * 2, "cuda", ["box", "box"])
+    assert all(isinstance(answer, ShoalError) and "ranks 0, 1 one GPU on box" in str(answer) for answer in refused)
+
+
+def test_ranks_on_gpus_of_their_own_keep_them(machine_gpus):
+    proposals = [torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cuda", 2)]
+    assert agreed(proposals, "auto", ["box"] * 3) == proposals
+
+
+def test_a_machine_without_gpus_puts_the_others_on_the_cpu_too(machine_gpus):
+    answers = agreed([torch.device("cuda", 0), torch.device("cpu")], "auto", ["gpu-box", "cpu-box"])
+    assert answers == [torch.device("cpu")] * 2
+
+
+def test_a_joined_rank_uses_the_device_agreed_on():
+    assert choose_device("auto", DistInfo(rank=1, world_size=2, device="cpu")) == torch.device("cpu")
