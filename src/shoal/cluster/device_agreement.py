@@ -37,7 +37,9 @@ def agree_device(requested: str, proposed: torch.device, store: dist.Store, rank
     """The device this rank uses: `proposed` where the job's ranks can all keep theirs, else the CPU
     (`requested` "auto"). Collective: every rank of the job calls it, with the same `requested`."""
     store.set(KEY.format(rank=rank), json.dumps({"host": host, "gpu": gpu_identity(proposed)}))
-    claims = [json.loads(store.get(KEY.format(rank=other))) for other in range(world_size)]
+    keys = [KEY.format(rank=other) for other in range(world_size)]
+    store.wait(keys)
+    claims = [json.loads(claim) for claim in store.multi_get(keys)]  # one request, not one per rank
     store.set(READ.format(rank=rank), "1")
     if rank == 0:  # rank 0 may serve the store: it stays until every rank has read, even to fail
         store.wait([READ.format(rank=other) for other in range(world_size)])
@@ -46,7 +48,7 @@ def agree_device(requested: str, proposed: torch.device, store: dist.Store, rank
 
 def settle(requested: str, claims: list[dict]) -> str:
     """"cpu" or "own" (each rank keeps the device it proposed), from every rank's claim ({"host", "gpu"}, in
-    rank order). Raises the one-line error for a GPU claimed twice under "cuda"."""
+    rank order). Under "cuda", a rank without a GPU or a GPU claimed twice is a one-line error."""
     holders = defaultdict(list)
     for rank, claim in enumerate(claims):
         if claim["gpu"] != CPU:
@@ -54,6 +56,9 @@ def settle(requested: str, claims: list[dict]) -> str:
     shared = [ranks for ranks in holders.values() if len(ranks) > 1]
     if requested == "auto":
         return CPU if shared or any(claim["gpu"] == CPU for claim in claims) else "own"
+    without = [rank for rank, claim in enumerate(claims) if claim["gpu"] == CPU]
+    if without:  # NCCL on the others, gloo on these: the job would hang
+        raise ShoalError(f"cluster.device: 'cuda' but rank {without[0]} on {claims[without[0]]['host']} has no GPU")
     if shared:
         ranks = shared[0]
         raise ShoalError(f"cluster.device: 'cuda' gives ranks {', '.join(map(str, ranks))} one GPU on "

@@ -89,8 +89,9 @@ def init_process_group(info: DistInfo, device: torch.device, timeout: float, req
     choose_interface(one_machine=one_machine)
     attempt, store = agree_attempt(info, master, timeout)
     if requested == "auto" or device.type == "cuda":
-        store = store or {"store": rendezvous_store(info, timeout)}  # the one torch's env:// would make
-        device = agree_device(requested or "cuda", device, store["store"], info.rank, info.world_size, info.host)
+        agreed_in = store.get("store") or rendezvous_store(info, timeout)
+        device = agree_device(requested or "cuda", device, agreed_in, info.rank, info.world_size, info.host)
+        store = store or {"store": dist.PrefixStore("default_pg", agreed_in)}  # as torch's env:// join keys it
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
         backend,

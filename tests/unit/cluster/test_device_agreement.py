@@ -5,6 +5,8 @@ real store, one thread per rank (GPUs stand in by their UUIDs: this machine may 
 from __future__ import annotations
 
 import threading
+import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ import shoal.cluster.device_agreement as agreement
 from shoal.cluster.device_agreement import agree_device, settle
 from shoal.cluster.env import DistInfo, choose_device
 from shoal.errors import ShoalError
+from tests.distributed.harness import free_port
 
 
 def claims(*gpus: str, host: str = "node-a") -> list[dict]:
@@ -42,21 +45,24 @@ def test_cuda_with_a_gpu_claimed_twice_is_one_line_naming_the_ranks_and_host():
     assert str(raised.value) == message
 
 
-def agreed(proposals: list[torch.device], requested: str, hosts: list[str]) -> list[torch.device | Exception]:
-    """Each rank's answer of `agree_device`, the ranks as threads sharing one store."""
-    store, answers = dist.HashStore(), [None] * len(proposals)
+def agreed(proposals: list[torch.device], requested: str, hosts: list[str], stores=None) -> list:
+    """Each rank's answer of `agree_device` (a device, or its error's message), the ranks as threads sharing one
+    store, or each using its own of `stores` (one per rank)."""
+    shared, answers = dist.HashStore(), [None] * len(proposals)
 
     def rank(index: int) -> None:
+        store = stores(index) if stores else shared
         try:
             answers[index] = agree_device(requested, proposals[index], store, index, len(proposals), hosts[index])
-        except ShoalError as error:
-            answers[index] = error
+        except Exception as error:  # its message only: a kept traceback would keep the rank's store open
+            answers[index] = f"{type(error).__name__}: {error}"
 
     threads = [threading.Thread(target=rank, args=(index,)) for index in range(len(proposals))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads), answers
     return answers
 
 
@@ -71,7 +77,8 @@ def test_two_nodes_on_one_machine_share_its_gpu_and_agree_on_the_cpu(machine_gpu
     answers = agreed([torch.device("cuda", 0)] * 2, "auto", ["box", "box"])
     assert answers == [torch.device("cpu")] * 2
     refused = agreed([torch.device("cuda", 0)] * 2, "cuda", ["box", "box"])
-    assert all(isinstance(answer, ShoalError) and "ranks 0, 1 one GPU on box" in str(answer) for answer in refused)
+    assert all(answer.startswith("ShoalError: cluster.device: 'cuda' gives ranks 0, 1 one GPU on box")
+               for answer in refused), refused
 
 
 def test_ranks_on_gpus_of_their_own_keep_them(machine_gpus):
@@ -82,6 +89,38 @@ def test_ranks_on_gpus_of_their_own_keep_them(machine_gpus):
 def test_a_machine_without_gpus_puts_the_others_on_the_cpu_too(machine_gpus):
     answers = agreed([torch.device("cuda", 0), torch.device("cpu")], "auto", ["gpu-box", "cpu-box"])
     assert answers == [torch.device("cpu")] * 2
+
+
+class SlowReader:
+    """A rank's store that is slow to read the claims (a loaded machine): the store's server, rank 0, must
+    outlast the reading, even when it has an error to raise."""
+
+    def __init__(self, store: dist.Store):
+        self.store = store
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def multi_get(self, keys):
+        time.sleep(0.5)
+        return self.store.multi_get(keys)
+
+
+def test_rank_0_serves_the_store_until_every_rank_has_read_the_claims(machine_gpus):
+    port = free_port()
+
+    def store(rank: int):
+        served = dist.TCPStore("127.0.0.1", port, 3, is_master=rank == 0, timeout=timedelta(seconds=20))
+        return served if rank == 0 else SlowReader(served)
+
+    answers = agreed([torch.device("cuda", 0)] * 3, "cuda", ["box"] * 3, stores=store)
+    assert all(answer.startswith("ShoalError: cluster.device: 'cuda' gives ranks 0, 1, 2 one GPU on box")
+               for answer in answers), answers
+
+
+def test_cuda_with_a_rank_without_a_gpu_is_one_line():
+    with pytest.raises(ShoalError, match=r"^cluster\.device: 'cuda' but rank 1 on node-b has no GPU$"):
+        settle("cuda", claims("GPU-1") + claims("cpu", host="node-b"))
 
 
 def test_a_joined_rank_uses_the_device_agreed_on():

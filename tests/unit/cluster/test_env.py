@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from datetime import timedelta
@@ -9,6 +10,7 @@ from datetime import timedelta
 import pytest
 import torch
 
+import shoal.cluster.device_agreement
 import shoal.cluster.env
 from shoal.cluster import env
 from shoal.cluster.env import DistInfo, choose_device, cores, get_dist_info, init_process_group, threads_per_worker
@@ -222,22 +224,33 @@ def test_a_world_of_many_on_cpu_joins_with_gloo(monkeypatch, joins):
     assert joins == [(("gloo",), {"rank": 1, "world_size": 3, "timeout": timedelta(seconds=45), "device_id": None})]
 
 
-def test_under_auto_the_ranks_agree_on_their_devices_in_the_store_they_then_join_with(monkeypatch, joins):
+def test_under_auto_a_rank_on_a_gpu_joins_gloo_with_one_on_the_cpu(monkeypatch, joins):
+    """The ranks agree in the job's store (rank 0 serves it), then join with it under torch's own prefix."""
+    monkeypatch.setattr(shoal.cluster.device_agreement, "gpu_identity",
+                        lambda device: "cpu" if device.type == "cpu" else f"GPU-{device.index}")
     master = ("127.0.0.1", free_port())
     set_variables(monkeypatch, MASTER_ADDR=master[0], MASTER_PORT=master[1])
     infos = [DistInfo(rank=rank, world_size=2, local_rank=rank, local_world_size=2, master=master) for rank in range(2)]
+    proposals = [torch.device("cuda", 0), torch.device("cpu")]
     joined = [None, None]
 
     def join(rank: int) -> None:
-        joined[rank] = init_process_group(infos[rank], torch.device("cpu"), timeout=30, requested="auto")
+        try:
+            joined[rank] = init_process_group(infos[rank], proposals[rank], timeout=30, requested="auto")
+        except Exception as error:  # shown by the assertion below, not lost in the thread
+            joined[rank] = error
 
     threads = [threading.Thread(target=join, args=(rank,)) for rank in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    assert [info.device for info in joined] == ["cpu", "cpu"]
+    assert [getattr(info, "device", info) for info in joined] == ["cpu", "cpu"]
     assert sorted(kwargs["rank"] for _, kwargs in joins) == [0, 1]
     for args, kwargs in joins:
         assert args == ("gloo",) and kwargs["device_id"] is None
-        assert kwargs["store"].get("shoal/device/1") == b'{"host": "%s", "gpu": "cpu"}' % infos[1].host.encode()
+        store = kwargs["store"]
+        store.set(f"probe/{kwargs['rank']}", "1")
+        assert store.underlying_store.get(f"default_pg/probe/{kwargs['rank']}") == b"1"
+        claim = json.loads(store.underlying_store.get("shoal/device/0"))
+        assert claim == {"host": infos[0].host, "gpu": "GPU-0"}
