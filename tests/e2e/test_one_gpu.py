@@ -101,9 +101,10 @@ def test_two_nodes_on_one_gpu(task, tmp_path, project_env):
     shared = two_nodes(job, tmp_path / "auto", project_env)
     assert [node.returncode for node in shared] == [0, 0], [node.stderr[-2000:] for node in shared]
     assert next(read_events(tmp_path / "auto" / "node0"))["device"] == "cpu"
+    assert f"the job trains on the CPU: ranks 0 and 1 on {socket.gethostname()} share one GPU" in shared[0].stderr
     refused = two_nodes(job, tmp_path / "cuda", project_env, "cluster.device='cuda'")
     assert [node.returncode for node in refused] == [2, 2], [node.stderr[-2000:] for node in refused]
     assert refused[0].stderr.strip().splitlines()[-1].endswith(
-        "cluster.device: 'cuda' gives ranks 0, 1 one GPU on " + socket.gethostname() + " (NCCL takes one GPU per "
+        f"cluster.device: 'cuda' but ranks 0 and 1 on {socket.gethostname()} share one GPU (NCCL takes one GPU per "
         "rank): run one node per machine, show each node its own GPUs (CUDA_VISIBLE_DEVICES), or set "
         "cluster.device = 'cpu'"), refused[0].stderr[-2000:]

@@ -7,13 +7,13 @@ would join gloo where the others join NCCL; both fail inside torch.distributed, 
 "invalid usage", the second by hanging. So each rank posts the GPU it would take (by its UUID, which
 names one GPU whatever a process's CUDA_VISIBLE_DEVICES numbers it) in the job's store, reads every
 rank's, and then: "auto" stays on the GPUs when every rank has one of its own, else the whole job uses
-the CPU; "cuda" with a GPU claimed twice is refused in one line.
+the CPU (rank 0 says why); "cuda" is refused in one line.
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+import sys
 
 import torch
 import torch.distributed as dist
@@ -43,25 +43,37 @@ def agree_device(requested: str, proposed: torch.device, store: dist.Store, rank
     store.set(READ.format(rank=rank), "1")
     if rank == 0:  # rank 0 may serve the store: it stays until every rank has read, even to fail
         store.wait([READ.format(rank=other) for other in range(world_size)])
-    return torch.device(CPU) if settle(requested, claims) == CPU else proposed
+    if settle(requested, claims) == "own":
+        return proposed
+    if rank == 0 and any(claim["gpu"] != CPU for claim in claims):  # GPUs were there: say once why not
+        print(f"shoal: cluster.device 'auto': the job trains on the CPU: {gpus_unusable(claims)}", file=sys.stderr,
+              flush=True)
+    return torch.device(CPU)
 
 
 def settle(requested: str, claims: list[dict]) -> str:
     """"cpu" or "own" (each rank keeps the device it proposed), from every rank's claim ({"host", "gpu"}, in
-    rank order). Under "cuda", a rank without a GPU or a GPU claimed twice is a one-line error."""
-    holders = defaultdict(list)
-    for rank, claim in enumerate(claims):
-        if claim["gpu"] != CPU:
-            holders[claim["gpu"]].append(rank)
-    shared = [ranks for ranks in holders.values() if len(ranks) > 1]
+    rank order). Under "cuda", ranks that cannot each have a GPU of their own are a one-line error."""
+    if requested == "auto" and all(claim["gpu"] == CPU for claim in claims):
+        return CPU
+    reason = gpus_unusable(claims)
+    if reason is None:
+        return "own"
     if requested == "auto":
-        return CPU if shared or any(claim["gpu"] == CPU for claim in claims) else "own"
-    without = [rank for rank, claim in enumerate(claims) if claim["gpu"] == CPU]
-    if without:  # NCCL on the others, gloo on these: the job would hang
-        raise ShoalError(f"cluster.device: 'cuda' but rank {without[0]} on {claims[without[0]]['host']} has no GPU")
-    if shared:
-        ranks = shared[0]
-        raise ShoalError(f"cluster.device: 'cuda' gives ranks {', '.join(map(str, ranks))} one GPU on "
-                         f"{claims[ranks[0]]['host']} (NCCL takes one GPU per rank): run one node per machine, "
-                         f"show each node its own GPUs (CUDA_VISIBLE_DEVICES), or set cluster.device = 'cpu'")
-    return "own"
+        return CPU
+    raise ShoalError(f"cluster.device: 'cuda' but {reason}")
+
+
+def gpus_unusable(claims: list[dict]) -> str | None:
+    """Why the ranks cannot each use the GPU they claim (None: they can)."""
+    for rank, claim in enumerate(claims):
+        if claim["gpu"] == CPU:  # NCCL on the others, gloo here: the job would hang
+            return f"rank {rank} on {claim['host']} has no GPU"
+    first = {}
+    for rank, claim in enumerate(claims):
+        if claim["gpu"] in first:
+            return (f"ranks {first[claim['gpu']]} and {rank} on {claim['host']} share one GPU (NCCL takes one GPU per "
+                    f"rank): run one node per machine, show each node its own GPUs (CUDA_VISIBLE_DEVICES), or set "
+                    f"cluster.device = 'cpu'")
+        first[claim["gpu"]] = rank
+    return None

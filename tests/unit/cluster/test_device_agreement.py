@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import shoal.cluster.device_agreement as agreement
-from shoal.cluster.device_agreement import agree_device, settle
+from shoal.cluster.device_agreement import agree_device, gpus_unusable, settle
 from shoal.cluster.env import DistInfo, choose_device
 from shoal.errors import ShoalError
 from tests.distributed.harness import free_port
@@ -35,11 +35,15 @@ def test_auto_puts_the_job_on_the_cpu_where_two_ranks_would_share_a_gpu():
 def test_auto_puts_the_job_on_the_cpu_where_a_rank_has_no_gpu():
     assert settle("auto", claims("GPU-1") + claims("cpu", host="node-b")) == "cpu"
     assert settle("auto", claims("cpu", "cpu")) == "cpu"
+    assert gpus_unusable(claims("GPU-1") + claims("cpu", host="node-b")) == "rank 1 on node-b has no GPU"
+    assert gpus_unusable(claims("cpu", "cpu")) == "rank 0 on node-a has no GPU"
+    assert gpus_unusable(claims("GPU-1", "GPU-2")) is None
 
 
 def test_cuda_with_a_gpu_claimed_twice_is_one_line_naming_the_ranks_and_host():
-    message = ("cluster.device: 'cuda' gives ranks 1, 2 one GPU on node-b (NCCL takes one GPU per rank): run one "
-               "node per machine, show each node its own GPUs (CUDA_VISIBLE_DEVICES), or set cluster.device = 'cpu'")
+    message = ("cluster.device: 'cuda' but ranks 1 and 2 on node-b share one GPU (NCCL takes one GPU per rank): "
+               "run one node per machine, show each node its own GPUs (CUDA_VISIBLE_DEVICES), or set "
+               "cluster.device = 'cpu'")
     with pytest.raises(ShoalError) as raised:
         settle("cuda", claims("GPU-1") + claims("GPU-2", "GPU-2", host="node-b"))
     assert str(raised.value) == message
@@ -73,11 +77,15 @@ def machine_gpus(monkeypatch):
                         f"GPU-{device.index}")
 
 
-def test_two_nodes_on_one_machine_share_its_gpu_and_agree_on_the_cpu(machine_gpus):
+def test_two_nodes_on_one_machine_share_its_gpu_and_agree_on_the_cpu(machine_gpus, capfd):
     answers = agreed([torch.device("cuda", 0)] * 2, "auto", ["box", "box"])
     assert answers == [torch.device("cpu")] * 2
+    assert capfd.readouterr().err == (
+        "shoal: cluster.device 'auto': the job trains on the CPU: ranks 0 and 1 on box share one GPU (NCCL takes "
+        "one GPU per rank): run one node per machine, show each node its own GPUs (CUDA_VISIBLE_DEVICES), or set "
+        "cluster.device = 'cpu'\n")
     refused = agreed([torch.device("cuda", 0)] * 2, "cuda", ["box", "box"])
-    assert all(answer.startswith("ShoalError: cluster.device: 'cuda' gives ranks 0, 1 one GPU on box")
+    assert all(answer.startswith("ShoalError: cluster.device: 'cuda' but ranks 0 and 1 on box share one GPU")
                for answer in refused), refused
 
 
@@ -86,9 +94,16 @@ def test_ranks_on_gpus_of_their_own_keep_them(machine_gpus):
     assert agreed(proposals, "auto", ["box"] * 3) == proposals
 
 
-def test_a_machine_without_gpus_puts_the_others_on_the_cpu_too(machine_gpus):
+def test_a_machine_without_gpus_puts_the_others_on_the_cpu_too(machine_gpus, capfd):
     answers = agreed([torch.device("cuda", 0), torch.device("cpu")], "auto", ["gpu-box", "cpu-box"])
     assert answers == [torch.device("cpu")] * 2
+    notice = "shoal: cluster.device 'auto': the job trains on the CPU: rank 1 on cpu-box has no GPU\n"
+    assert capfd.readouterr().err == notice
+
+
+def test_a_job_without_gpus_trains_on_the_cpu_without_a_word(capfd):
+    assert agreed([torch.device("cpu")] * 2, "auto", ["box-a", "box-b"]) == [torch.device("cpu")] * 2
+    assert capfd.readouterr().err == ""
 
 
 class SlowReader:
@@ -114,7 +129,7 @@ def test_rank_0_serves_the_store_until_every_rank_has_read_the_claims(machine_gp
         return served if rank == 0 else SlowReader(served)
 
     answers = agreed([torch.device("cuda", 0)] * 3, "cuda", ["box"] * 3, stores=store)
-    assert all(answer.startswith("ShoalError: cluster.device: 'cuda' gives ranks 0, 1, 2 one GPU on box")
+    assert all(answer.startswith("ShoalError: cluster.device: 'cuda' but ranks 0 and 1 on box share one GPU")
                for answer in answers), answers
 
 
