@@ -12,6 +12,7 @@ between requests so that a timing costs no start-up.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
@@ -55,10 +56,7 @@ def serve(lines, answer) -> None:
 
 
 def main() -> None:
-    def answer(text: str) -> None:
-        print(text, flush=True)
-
-    serve((line for line in sys.stdin if line.strip()), answer)
+    serve((line for line in sys.stdin if line.strip()), functools.partial(print, flush=True))
 
 
 if __name__ == "__main__":

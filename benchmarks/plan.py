@@ -276,17 +276,24 @@ def at_pace(row: dict) -> str:
     return f"{row['pace']:.2f}x | {row['error_at_pace']:+.1%}" if "pace" in row else "- | -"
 
 
+def scored(errors: list[float]) -> tuple[int, float, float]:
+    """(how many of `errors` are within GOAL, their median and their largest, in size)."""
+    sizes = [abs(error) for error in errors]
+    return sum(size <= GOAL for size in sizes), statistics.median(sizes), max(sizes)
+
+
 def pace_line(rows: list[dict]) -> str:
     """The score with each prediction's compute taken at the pace its median run's hosts showed."""
-    errors = [abs(row["error_at_pace"]) for row in rows if "error_at_pace" in row]
+    errors = [row["error_at_pace"] for row in rows if "error_at_pace" in row]
     if not errors:
         return ""
     paces = [row["pace"] for row in rows if "pace" in row]
+    within, median, largest = scored(errors)
     return (f"At the pace the hosts showed around each median run (the calibration's probed step timed on each "
             f"host alone right before and after it, over the calibrations' median; {min(paces):.2f}x to "
-            f"{max(paces):.2f}x), **{sum(error <= GOAL for error in errors)} of {len(errors)} within "
-            f"{GOAL:.0%}, median {statistics.median(errors):.1%}, largest {max(errors):.1%}**: the drift since "
-            "calibration that the timings around the run saw, taken out; a pace that moves within the run is not.")
+            f"{max(paces):.2f}x), **{within} of {len(errors)} within {GOAL:.0%}, median {median:.1%}, largest "
+            f"{largest:.1%}**: the drift since calibration that the timings around the run saw, taken out; a pace "
+            "that moves within the run is not.")
 
 
 def unsteady_line(rows: list[dict]) -> str:
@@ -330,8 +337,7 @@ def main(argv: list[str] | None = None) -> None:
 def write(found: list[dict], quick: bool, seconds: float, earlier: Path | None, protocol: Protocol = Protocol(),
           command: str = "python -m benchmarks.plan") -> Path:
     rows = [row for row in found if "error" in row]
-    errors = [abs(row["error"]) for row in rows]
-    within = sum(error <= GOAL for error in errors)
+    within, median, largest = scored([row["error"] for row in rows])
     info = machine()
     markdown = f"""# shoal plan: predicted against measured epoch times
 
@@ -350,7 +356,7 @@ SGD with momentum; Downpour's server is host0's worker, its one trainer host1's.
 ({seconds:.0f} s).
 
 **{within} of {len(rows)} predictions within {GOAL:.0%} of the measurement; median error
-{statistics.median(errors):.1%}, largest {max(errors):.1%}.** {unsteady_line(rows)}
+{median:.1%}, largest {largest:.1%}.** {unsteady_line(rows)}
 
 {pace_line(rows)}
 

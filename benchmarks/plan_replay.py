@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.common import RESULTS, machine_line, write_result
-from benchmarks.plan import GOAL, MODELS, error_at_pace
+from benchmarks.plan import GOAL, MODELS, error_at_pace, scored
 from shoal.algorithms import options_class
 from shoal.config import drop_none
 from shoal.plan.median import median_profile
@@ -81,9 +81,8 @@ def at_pace(row: dict, now: Prediction) -> dict:
 
 
 def score(errors: list[float]) -> str:
-    errors = [abs(error) for error in errors]
-    return (f"{sum(error <= GOAL for error in errors)}/{len(errors)} | {statistics.median(errors):.1%} | "
-            f"{max(errors):.1%}")
+    within, median, largest = scored(errors)
+    return f"{within}/{len(errors)} | {median:.1%} | {largest:.1%}"
 
 
 def unchanged(rows: list[dict]) -> str:

@@ -7,8 +7,6 @@ CUDA is absent: the CPU paths are tested elsewhere."""
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -16,9 +14,8 @@ import pytest
 import torch
 
 from shoal.events import read_events
-from tests.distributed.harness import free_port
 from tests.e2e.jobs import write_job, write_task
-from tests.e2e.test_train import TIMEOUT, shoal_command
+from tests.e2e.test_train import shoal_command, two_nodes
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: this machine has no GPU")
 
@@ -73,24 +70,6 @@ def test_two_workers_on_one_gpu(task, tmp_path, project_env):
     shared = shoal_command("train", job, "--workers", 2, "--run-dir", tmp_path / "auto", env=project_env)
     assert shared.returncode == 0, shared.stderr
     assert next(read_events(tmp_path / "auto"))["device"] == "cpu"
-
-
-def two_nodes(job, folder, project_env, *settings: str) -> list[subprocess.CompletedProcess]:
-    """Two nodes of one job on this machine (one worker each), as on two machines: a rendezvous endpoint."""
-    endpoint = f"127.0.0.1:{free_port()}"
-    overrides = [part for setting in settings for part in ("--set", setting)]
-    nodes = [subprocess.Popen([sys.executable, "-m", "shoal", "train", str(job), "--workers", "1", "--nnodes", "2",
-                               "--node-rank", str(rank), "--rdzv-endpoint", endpoint, "--run-dir",
-                               str(folder / f"node{rank}"), *overrides],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=project_env)
-             for rank in (0, 1)]
-    try:
-        outputs = [node.communicate(timeout=TIMEOUT) for node in nodes]
-        return [subprocess.CompletedProcess(node.args, node.returncode, *output)
-                for node, output in zip(nodes, outputs, strict=True)]
-    finally:
-        for node in nodes:
-            node.kill()
 
 
 def test_two_nodes_on_one_gpu(task, tmp_path, project_env):

@@ -31,6 +31,24 @@ def shoal_command(*arguments, env, timeout=TIMEOUT) -> subprocess.CompletedProce
                           env=env, timeout=timeout)
 
 
+def two_nodes(job, folder, project_env, *settings: str) -> list[subprocess.CompletedProcess]:
+    """Two nodes of one job on this machine (one worker each), as on two machines: a rendezvous endpoint."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    overrides = [part for setting in settings for part in ("--set", setting)]
+    nodes = [subprocess.Popen([sys.executable, "-m", "shoal", "train", str(job), "--workers", "1", "--nnodes", "2",
+                               "--node-rank", str(rank), "--rdzv-endpoint", endpoint, "--run-dir",
+                               str(folder / f"node{rank}"), *overrides],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=project_env)
+             for rank in (0, 1)]
+    try:
+        outputs = [node.communicate(timeout=TIMEOUT) for node in nodes]
+        return [subprocess.CompletedProcess(node.args, node.returncode, *output)
+                for node, output in zip(nodes, outputs, strict=True)]
+    finally:
+        for node in nodes:
+            node.kill()
+
+
 def test_train_writes_events_model_and_predictions(task, tmp_path, project_env):
     train, test = task
     job = write_job(tmp_path / "job.toml", train, test)
@@ -146,20 +164,8 @@ def test_torchrun_is_refused_a_run_directory_another_job_holds(task, tmp_path, p
 def test_two_nodes_join_through_the_rendezvous(task, tmp_path, project_env):
     train, test = task
     job = write_job(tmp_path / "job.toml", train, test)
-    endpoint = f"127.0.0.1:{free_port()}"
-    nodes = [
-        subprocess.Popen([sys.executable, "-m", "shoal", "train", str(job), "--workers", "1", "--nnodes", "2",
-                          "--node-rank", str(rank), "--rdzv-endpoint", endpoint, "--set", "cluster.threads=1",
-                          "--run-dir", str(tmp_path / f"node{rank}")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=project_env)
-        for rank in (0, 1)
-    ]
-    try:
-        outputs = [node.communicate(timeout=TIMEOUT) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-    assert [node.returncode for node in nodes] == [0, 0], outputs
+    nodes = two_nodes(job, tmp_path, project_env, "cluster.threads=1")
+    assert [node.returncode for node in nodes] == [0, 0], [(node.stdout, node.stderr) for node in nodes]
     start = next(read_events(tmp_path / "node0"))
     assert start["world_size"] == 2
     assert json.loads(json.dumps(start["hosts"])) == [start["hosts"][0]] * 2

@@ -54,8 +54,6 @@ def agree_device(requested: str, proposed: torch.device, store: dist.Store, rank
 def settle(requested: str, claims: list[dict]) -> str:
     """"cpu" or "own" (each rank keeps the device it proposed), from every rank's claim ({"host", "gpu"}, in
     rank order). Under "cuda", ranks that cannot each have a GPU of their own are a one-line error."""
-    if requested == "auto" and all(claim["gpu"] == CPU for claim in claims):
-        return CPU
     reason = gpus_unusable(claims)
     if reason is None:
         return "own"
