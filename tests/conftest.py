@@ -44,9 +44,13 @@ def no_leftover_processes():
 
 
 def _helper(process: psutil.Process) -> bool:
-    """multiprocessing's own long-lived helper (the resource tracker), not a leftover worker."""
+    """multiprocessing's own long-lived helpers, not a leftover worker: the resource tracker, and the fork
+    server tests.distributed.harness starts its ranks from (this process's child; the ranks forked from
+    it bear its command line too, but are its children)."""
     try:
-        return "resource_tracker" in " ".join(process.cmdline())
+        command = " ".join(process.cmdline())
+        server = "multiprocessing.forkserver" in command and process.ppid() == os.getpid()
+        return "resource_tracker" in command or server
     except psutil.Error:
         return False
 
