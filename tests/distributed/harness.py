@@ -2,7 +2,8 @@
 
 The processes fork from one server that imported torch once for the whole session (multiprocessing's
 forkserver): spawning each afresh re-imported torch, some 2-3 s of a core per rank on a 2-core machine.
-The server itself is single-threaded and has not touched a device, so forking from it is safe.
+The server itself is single-threaded and has not touched a device, so forking from it is safe. Its ranks
+get the environment the server started with: a variable a test sets later must be set in `function`.
 """
 
 from __future__ import annotations
