@@ -1,4 +1,4 @@
-"""Measure one worker's compute for a job's model on this machine, in a few seconds.
+"""Measure one worker's compute for a job's model on this machine, in well under a minute.
 
 The planner prices communication from first principles, but compute only from measurement:
 steps of the job's own model on rows of its own training set (sliced and converted as the
