@@ -119,7 +119,7 @@ def test_a_measured_profile_gains_the_loop_factor_at_a_new_batch_size(planned, c
     job_path, profile_path, profile = planned
     timed_batches = []
 
-    def real_loop(job, threads):
+    def real_loop(job, threads, steps):
         timed_batches.append(job.train.batch_size)
         return 4.0, 0.0025  # start-up, and one real step at batch 64 (probed: 0.002)
 
@@ -147,7 +147,7 @@ def test_a_plan_says_how_far_the_machines_pace_moved_while_it_was_measured(plann
 
     job_path, _, _ = planned
     timings = iter([0.002, 0.003, 0.002, 0.0025, 0.002])
-    monkeypatch.setattr(compute_probe, "measure_loop", lambda job, threads: (4.0, 0.0025))
+    monkeypatch.setattr(compute_probe, "measure_loop", lambda job, threads, steps: (4.0, 0.0025))
     monkeypatch.setattr(compute_probe.ComputeProbe, "step",
                         lambda probe, batch: [next(timings) if batch == 64 else 0.002 * batch / 64])
     monkeypatch.setattr(compute_probe.ComputeProbe, "resume", lambda probe, batch: {})

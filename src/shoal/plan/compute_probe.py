@@ -36,6 +36,7 @@ from shoal.train.prepare import allocate_model, make_optimizer, prepare
 PROBE_ROWS = 100_000  # rows read for the probe: batches gathered from as large a share as a worker's
 BATCH_LADDER = (16, 64, 256, 1024, 4096)
 TIMED_SECONDS = 0.6  # per measured quantity, after warm-up
+LARGEST_STEP = 0.5  # seconds: no batch above the job's own is timed whose step would take longer
 BLOCKS = 3  # rounds a step is timed in, apart in time
 # seconds idle before a step, as a network wait leaves it: dense where the cost climbs (1-8 ms), sparse where flat
 RESUME_WAITS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.064, 0.256)
@@ -158,22 +159,39 @@ class ComputeProbe:
         return seconds / rows
 
     def measure(self, batches: list[int], startup: float, around_loop: tuple[float, ...] = ()) -> Compute:
-        """Every batch size timed in BLOCKS rounds apart in time, each round's mean kept, their median taken:
-        a moment when the machine is slow spoils one round, not the answer. `around_loop`: the job's step as
-        timed around the real loop, which shows with the rounds how far the machine's pace moved."""
+        """Every batch size (above the job's, those ladder_round affords) timed in BLOCKS rounds apart in time,
+        each round's mean kept, their median taken: a moment when the machine is slow spoils one round, not the
+        answer. `around_loop`: the job's step as timed around the real loop, which shows with the rounds how far
+        the machine's pace moved."""
         usable = [batch for batch in batches if batch <= self.loader.rows]
-        rounds = [{batch: self.step(batch) for batch in usable} for _ in range(BLOCKS)]
-        means = {batch: [float(np.mean(found[batch])) for found in rounds] for batch in usable}
         own = self.job.train.batch_size if self.job.train.batch_size in usable else max(usable)
+        first = ladder_round(self.step, usable, own)
+        rounds = [first, *({batch: self.step(batch) for batch in first} for _ in range(BLOCKS - 1))]
+        means = {batch: [float(np.mean(found[batch])) for found in rounds] for batch in first}
         timings = means[own] + list(around_loop if own == self.job.train.batch_size else ())
         return Compute(model=model_key(self.prepared.spec),
                        parameters=self.parameters, threads=self.threads,
-                       step_seconds={batch: _median(means[batch]) for batch in usable},
+                       step_seconds={batch: _median(means[batch]) for batch in first},
                        update_seconds=self.update(), copy_seconds_per_byte=self.copy_per_byte(),
                        evaluate_seconds_per_row=self.evaluate_per_row(),
                        load_rows_per_second=self.loader.rows / max(self.loader.load_seconds, 1e-9),
                        startup_seconds=startup, step_spread=pair_spread([t for found in rounds for t in found[own]]),
                        resume_seconds=self.resume(own), pace_range=slowest_over_fastest(timings))
+
+
+def ladder_round(step, batches: list[int], own: int) -> dict[int, list[float]]:
+    """One round of `step`'s timings over the batch sizes, smallest first. Above the job's own batch, a size whose
+    step (the last timed one's, scaled by size) would take over LARGEST_STEP is left out, and every size beyond it:
+    a large model's batch of 4096 could take minutes, and more memory than the machine has, where the plan
+    prices batches beyond the largest timed linearly."""
+    found: dict[int, list[float]] = {}
+    for batch in sorted(batches):
+        if batch > own and found:
+            last = max(found)
+            if float(np.mean(found[last])) * batch / last > LARGEST_STEP:
+                break
+        found[batch] = step(batch)
+    return found
 
 
 GRADIENT_SCALE = 1e-2  # of the stand-in gradients: a trained model's order, far from float32's limits
@@ -231,7 +249,7 @@ def timed_loop(probe: ComputeProbe, job: JobConfig, threads: int) -> tuple[float
     batch 128, their probed steps 0.68 to 0.69 ms)."""
     batch = job.train.batch_size
     before = probe.step(batch)
-    startup, real_step = measure_loop(job, threads)
+    startup, real_step = measure_loop(job, threads, loop_steps(float(np.mean(before))))
     after = probe.step(batch)
     around = (float(np.mean(before)), float(np.mean(after)))
     return startup, loop_factor(real_step, float(np.mean(before + after))), around
@@ -242,8 +260,20 @@ def loop_factor(real_step: float, probed_step: float) -> float:
     return min(max(real_step / probed_step, 0.5), 3.0) if probed_step > 0 else 1.0
 
 
-LOOP_STEPS = 100  # steps per epoch of the calibration job
+LOOP_STEPS = 100  # steps per epoch of the calibration job, at most
+LOOP_FEWEST = 10  # and at least
+LOOP_SECONDS = 2.0  # an epoch's probed length the steps are cut to, for a large model's long steps
 LOOP_EPOCHS = 4  # the first warms up; the median of the others is kept
+
+
+def loop_steps(probed_step: float) -> int:
+    """Steps per epoch of the calibration job: LOOP_STEPS, fewer (not under LOOP_FEWEST) where that many probed
+    steps would take over LOOP_SECONDS. The loop's own work per step is what the job measures, and beside a step
+    of 20 ms or more it is small: 100 steps of 0.23 s made the calibration job some 100 s of a 7-minute
+    calibration."""
+    if probed_step <= 0:
+        return LOOP_STEPS
+    return max(LOOP_FEWEST, min(LOOP_STEPS, int(LOOP_SECONDS / probed_step)))
 
 
 def loop_job(job: JobConfig, train: Path, threads: int) -> dict:
@@ -258,9 +288,10 @@ def loop_job(job: JobConfig, train: Path, threads: int) -> dict:
     return loop.to_dict()
 
 
-def measure_loop(job: JobConfig, threads: int) -> tuple[float, float]:
+def measure_loop(job: JobConfig, threads: int, steps: int = LOOP_STEPS) -> tuple[float, float]:
     """(seconds from `shoal train` to the first step, its data load left out; one step of the real training
-    loop at the job's batch): a short one-worker job of the job's model on rows drawn from its training set."""
+    loop at the job's batch): a short one-worker job of the job's model, `steps` steps an epoch on rows drawn
+    from its training set."""
     from shoal.data.derive import subset
     from shoal.data.format import open_dataset
     from shoal.events import DataLoaded, read_history
@@ -268,7 +299,7 @@ def measure_loop(job: JobConfig, threads: int) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="shoal-plan-") as folder:
         folder = Path(folder)
         train_set = open_dataset(job.data.train)
-        rows = LOOP_STEPS * job.train.batch_size
+        rows = steps * job.train.batch_size
         train = train_set.path if train_set.rows <= rows else subset(train_set, folder / "train", rows=rows).path
         (folder / "loop.toml").write_text(tomli_w.dumps(loop_job(job, train, threads)))
         began = time.time()

@@ -81,12 +81,47 @@ def test_the_loop_factor_divides_the_real_step_by_the_probed_one_timed_before_an
             events.append(("probe", batch))
             return [0.001, 0.001] if len(events) == 1 else [0.003, 0.003]
 
-    def real_job(job, threads):
-        events.append(("real job", job.train.batch_size))
+    def real_job(job, threads, steps):
+        events.append(("real job", job.train.batch_size, steps))
         return 4.0, 0.003
 
     monkeypatch.setattr(compute_probe, "measure_loop", real_job)
     job = types.SimpleNamespace(train=types.SimpleNamespace(batch_size=128))
     assert timed_loop(Probe(), job, threads=1) == (4.0, 1.5, (0.001, 0.003))  # and the probe's two timings
-    assert events == [("probe", 128), ("real job", 128), ("probe", 128)]
+    assert events == [("probe", 128), ("real job", 128, 100), ("probe", 128)]
     assert compute_probe.loop_factor(0.1, 0.001) == 3.0 and compute_probe.loop_factor(0.001, 0.0) == 1.0
+
+
+def test_the_ladder_stops_above_the_jobs_batch_where_a_step_would_take_too_long():
+    """A step costing 1 ms a row: 16 to 256 are timed (256 ms), 1024 would take 1 s and is left out with 4096."""
+    asked = []
+
+    def step(batch):
+        asked.append(batch)
+        return [batch * 0.001] * 3
+
+    found = compute_probe.ladder_round(step, [16, 64, 128, 256, 1024, 4096], own=128)
+    assert asked == [16, 64, 128, 256] and sorted(found) == asked
+    assert found[256] == [0.256] * 3
+
+
+def test_the_jobs_own_batch_and_those_below_it_are_timed_however_long():
+    asked = []
+
+    def step(batch):
+        asked.append(batch)
+        return [batch * 0.01]
+
+    assert sorted(compute_probe.ladder_round(step, [16, 64, 256, 1024, 4096], own=256)) == [16, 64, 256]
+    assert asked == [16, 64, 256]
+
+
+def test_a_fast_model_times_the_whole_ladder():
+    found = compute_probe.ladder_round(lambda batch: [batch * 1e-5], [16, 64, 128, 256, 1024, 4096], own=128)
+    assert sorted(found) == [16, 64, 128, 256, 1024, 4096]
+
+
+def test_the_calibration_job_takes_fewer_steps_where_they_are_long():
+    """100 steps an epoch while they take 2 s or less; then as many as fit in 2 s, not under 10."""
+    assert [compute_probe.loop_steps(seconds) for seconds in (0.0, 0.001, 0.02, 0.05, 0.23, 5.0)] == \
+        [100, 100, 100, 40, 10, 10]
