@@ -2,8 +2,9 @@
 
 The processes fork from one server that imported torch once for the whole session (multiprocessing's
 forkserver): spawning each afresh re-imported torch, some 2-3 s of a core per rank on a 2-core machine.
-The server itself is single-threaded and has not touched a device, so forking from it is safe. Its ranks
-get the environment the server started with: a variable a test sets later must be set in `function`.
+The server itself is single-threaded and has not touched a device, so forking from it is safe. Each rank
+takes the caller's environment as it is at the call, as a spawned one would (the server's is that of the
+first call); numpy's global random state is the server's in every rank, so tests seed their own.
 """
 
 from __future__ import annotations
@@ -44,12 +45,19 @@ def _entry(rank: int, world_size: int, port: int, folder: str, function, args) -
 PRELOADED = ["torch", "torch.distributed", "shoal.algorithms"]
 
 
+def _in_environment(rank: int, environment: dict, entry, *arguments) -> None:
+    os.environ.clear()
+    os.environ.update(environment)
+    entry(rank, *arguments)
+
+
 def run_processes(function, world_size: int, *args, timeout: float = 90.0, entry=_entry) -> list:
     """Each rank's return value of `function(rank, world_size, *args)`; kills all on timeout.
     `entry` joins the process group and saves the result (`_entry`'s arguments; by default gloo)."""
     mp.set_forkserver_preload(PRELOADED)
     with tempfile.TemporaryDirectory() as folder:
-        context = mp.start_processes(entry, args=(world_size, free_port(), folder, function, args),
+        arguments = (dict(os.environ), entry, world_size, free_port(), folder, function, args)
+        context = mp.start_processes(_in_environment, args=arguments,
                                      nprocs=world_size, join=False, start_method="forkserver")
         deadline = time.monotonic() + timeout
         try:

@@ -1,4 +1,4 @@
-"""Measure one worker's compute for a job's model on this machine, in well under a minute.
+"""Measure one worker's compute for a job's model on this machine: under a minute for a small model.
 
 The planner prices communication from first principles, but compute only from measurement:
 steps of the job's own model on rows of its own training set (sliced and converted as the
@@ -181,14 +181,15 @@ class ComputeProbe:
 
 def ladder_round(step, batches: list[int], own: int) -> dict[int, list[float]]:
     """One round of `step`'s timings over the batch sizes, smallest first. Above the job's own batch, a size whose
-    step (the last timed one's, scaled by size) would take over LARGEST_STEP is left out, and every size beyond it:
-    a large model's batch of 4096 could take minutes, and more memory than the machine has, where the plan
-    prices batches beyond the largest timed linearly."""
+    step (the last timed one's fastest, scaled by size: a slow moment does not cut the ladder) would take over
+    LARGEST_STEP is left out, and every size beyond it: a large model's batch of 4096 could take minutes, and
+    more memory than the machine has, where the plan prices batches beyond the largest timed on the line
+    through the two largest."""
     found: dict[int, list[float]] = {}
     for batch in sorted(batches):
         if batch > own and found:
             last = max(found)
-            if float(np.mean(found[last])) * batch / last > LARGEST_STEP:
+            if min(found[last]) * batch / last > LARGEST_STEP:
                 break
         found[batch] = step(batch)
     return found
@@ -234,10 +235,13 @@ def measure_compute(job: JobConfig, threads: int) -> Compute:
 
 def with_loop_at(compute: Compute, job: JobConfig, threads: int) -> Compute:
     """`compute`, with the real loop's factor at the job's batch size measured (a short real job): the loop's
-    share of a step differs from one batch size to another."""
+    share of a step differs from one batch size to another. A batch size the profile's ladder did not reach (a
+    large model's) gains its probed step too, from the timings around the real loop."""
+    batch = job.train.batch_size
     with ComputeProbe(job, threads) as probe:
         _, factor, around = timed_loop(probe, job, threads)
-    return dataclasses.replace(compute, loop_factors={**compute.loop_factors, job.train.batch_size: factor},
+    return dataclasses.replace(compute, loop_factors={**compute.loop_factors, batch: factor},
+                               step_seconds={batch: float(np.mean(around)), **compute.step_seconds},
                                pace_range=max(compute.pace_range, slowest_over_fastest(around)))
 
 

@@ -99,8 +99,10 @@ def recommend(plan: Plan, shapes: list[Shape], per_node: int, profile: Profile) 
     if chosen.communication_share > COMMUNICATION_BOUND:
         batch = larger_batch(shape, Layout(chosen.nodes, per_node), profile) or batch
         if batch != shape.batch:
+            timed = max(profile.compute.step_seconds)
+            beyond = f"; its step priced beyond batch {timed}, the largest timed" if batch > timed else ""
             reason += (f"; {chosen.communication_share:.0%} of its epoch is communication, batch {batch} "
-                       f"brings it under {COMMUNICATION_BOUND:.0%} (check the accuracy)")
+                       f"brings it under {COMMUNICATION_BOUND:.0%} (check the accuracy{beyond})")
     return f"{chosen.nodes} node(s) x {per_node} worker(s), {chosen.algorithm}, batch {batch}: {reason}"
 
 

@@ -10,6 +10,7 @@ import torch
 
 from shoal.plan import compute_probe
 from shoal.plan.compute_probe import cold_steps, resume_table, timed_loop, update_work
+from shoal.plan.profile import Compute
 
 
 def test_a_cold_step_is_timed_after_the_wait_and_without_it():
@@ -125,3 +126,36 @@ def test_the_calibration_job_takes_fewer_steps_where_they_are_long():
     """100 steps an epoch while they take 2 s or less; then as many as fit in 2 s, not under 10."""
     assert [compute_probe.loop_steps(seconds) for seconds in (0.0, 0.001, 0.02, 0.05, 0.23, 5.0)] == \
         [100, 100, 100, 40, 10, 10]
+
+
+def test_a_slow_moment_does_not_cut_the_ladder():
+    """Its fastest timing prices the next size: 256 at 1 ms a row read 0.3 s once and 0.1 s after (1024: 0.4 s)."""
+    timings = {16: [0.001], 64: [0.004], 256: [0.3, 0.1], 1024: [0.4], 4096: [1.6]}
+    found = compute_probe.ladder_round(timings.get, [16, 64, 256, 1024, 4096], own=64)
+    assert sorted(found) == [16, 64, 256, 1024]
+
+
+def test_a_batch_the_ladder_did_not_reach_gains_its_probed_step_beside_its_loop_factor(monkeypatch):
+    class Probe:
+        def __init__(self, job, threads):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *_):
+            pass
+
+    monkeypatch.setattr(compute_probe, "ComputeProbe", Probe)
+    monkeypatch.setattr(compute_probe, "timed_loop", lambda probe, job, threads: (4.0, 1.2, (0.5, 0.7)))
+    measured = Compute(model="m", parameters=1, threads=1, step_seconds={16: 0.1, 64: 0.2}, update_seconds=0.0,
+                       copy_seconds_per_byte=0.0, evaluate_seconds_per_row=0.0, load_rows_per_second=1.0,
+                       startup_seconds=1.0, loop_factors={64: 1.0}, pace_range=1.1)
+
+    def at(batch):
+        return types.SimpleNamespace(train=types.SimpleNamespace(batch_size=batch))
+
+    grown = compute_probe.with_loop_at(measured, at(1024), threads=1)
+    assert grown.step_seconds == {16: 0.1, 64: 0.2, 1024: 0.6}  # the probed step around the real loop
+    assert grown.loop_factors == {64: 1.0, 1024: 1.2} and grown.pace_range == 0.7 / 0.5
+    assert compute_probe.with_loop_at(measured, at(16), threads=1).step_seconds == measured.step_seconds

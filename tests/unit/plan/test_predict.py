@@ -159,3 +159,15 @@ def test_easgd_is_a_server_unless_synchronous():
     # the collective form: an all-reduce of the weights' differences every 4 steps
     reduce = 4 * (1e-3 + 999 * 4 / 3 / 1e6)
     assert collective.communication_seconds == pytest.approx(math.ceil(collective.steps / 4) * reduce)
+
+
+def test_a_link_bound_cluster_is_told_a_batch_that_brings_communication_under_half_and_how_it_was_priced():
+    """Sync on 2 nodes of a slow link: 22 ms of all-reduce to a 10 ms step. Batch 400 takes communication under half;
+    its step is priced on the line through the largest two timed, where the ladder stopped at 200."""
+    slow = Network(across=Link(1e-3, 2e5), inside=INSIDE, source="test")
+    plan = make_plan([shape("sync")], [2], 1, Profile(compute=compute(), network=slow))
+    assert plan.recommendation.endswith("batch 400 brings it under 50% (check the accuracy; its step priced "
+                                        "beyond batch 200, the largest timed)"), plan.recommendation
+    timed = compute(step_seconds={100: 0.01, 200: 0.02, 400: 0.04})
+    plan = make_plan([shape("sync")], [2], 1, Profile(compute=timed, network=slow))
+    assert plan.recommendation.endswith("batch 400 brings it under 50% (check the accuracy)"), plan.recommendation
