@@ -246,3 +246,18 @@ def test_workers_sharing_a_machine_have_its_loopback_measured(planned, capsys, t
     assert main(["plan", str(job_path), "--algorithms", "sync", "--profile", str(assumed), "--workers-per-node", "2",
                  "--hosts", "node7"]) == 0
     assert asked[1][:2] == ("node7", "node7") and asked[1][2] is not None  # through the cluster's remote command
+
+
+def test_a_training_set_smaller_than_every_batch_is_probed_at_its_rows(tmp_path, capsys, monkeypatch):
+    """10 rows and batch 64: the job's steps take all 10 rows, and so do the probe's (the ladder's smallest is 16)."""
+    from shoal.plan import compute_probe
+
+    train, _ = write_task(tmp_path / "task", rows=10, test_rows=10)
+    job_path = tmp_path / "job.toml"
+    job_path.write_text(f'[model]\nlayers = [{{ dense = 2 }}]\n[data]\ntrain = "{train}"\n[train]\nbatch_size = 64\n')
+    monkeypatch.setattr(compute_probe, "measure_loop", lambda job, threads, steps: (4.0, 0.001))
+    monkeypatch.setattr(compute_probe.ComputeProbe, "resume", lambda probe, batch: {})
+    saved = tmp_path / "measured.json"
+    assert main(["plan", str(job_path), "--link", "1gbit", "--nodes", "1", "--save-profile", str(saved)]) == 0
+    assert list(load_profile(saved).compute.step_seconds) == [10]
+    assert "recommended: 1 node(s)" in capsys.readouterr().out
