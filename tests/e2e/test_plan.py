@@ -249,7 +249,8 @@ def test_workers_sharing_a_machine_have_its_loopback_measured(planned, capsys, t
 
 
 def test_a_training_set_smaller_than_every_batch_is_probed_at_its_rows(tmp_path, capsys, monkeypatch):
-    """10 rows and batch 64: the job's steps take all 10 rows, and so do the probe's (the ladder's smallest is 16)."""
+    """10 rows and batch 64: the job's steps take all 10 rows, and so does the probe's one step, at batch 64 (the
+    ladder's smallest is 16)."""
     from shoal.plan import compute_probe
 
     train, _ = write_task(tmp_path / "task", rows=10, test_rows=10)
@@ -259,5 +260,5 @@ def test_a_training_set_smaller_than_every_batch_is_probed_at_its_rows(tmp_path,
     monkeypatch.setattr(compute_probe.ComputeProbe, "resume", lambda probe, batch: {})
     saved = tmp_path / "measured.json"
     assert main(["plan", str(job_path), "--link", "1gbit", "--nodes", "1", "--save-profile", str(saved)]) == 0
-    assert list(load_profile(saved).compute.step_seconds) == [10]
+    assert list(load_profile(saved).compute.step_seconds) == [64]
     assert "recommended: 1 node(s)" in capsys.readouterr().out

@@ -163,8 +163,8 @@ class ComputeProbe:
         each round's mean kept, their median taken: a moment when the machine is slow spoils one round, not the
         answer. `around_loop`: the job's step as timed around the real loop, which shows with the rounds how far
         the machine's pace moved."""
-        # a batch beyond the rows is a step over all of them: fewer rows than the smallest batch are timed as one
-        usable = [batch for batch in batches if batch <= self.loader.rows] or [self.loader.rows]
+        # with fewer rows than every batch, the job's batch is a step over all of them, timed as the job takes it
+        usable = [batch for batch in batches if batch <= self.loader.rows] or [self.job.train.batch_size]
         own = self.job.train.batch_size if self.job.train.batch_size in usable else max(usable)
         first = ladder_round(self.step, usable, own)
         rounds = [first, *({batch: self.step(batch) for batch in first} for _ in range(BLOCKS - 1))]
