@@ -15,7 +15,7 @@ import torch
 
 from shoal.events import read_events
 from tests.e2e.jobs import write_job, write_task
-from tests.e2e.test_train import shoal_command, two_nodes
+from tests.e2e.test_train import set_arguments, shoal_command, two_nodes
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: this machine has no GPU")
 
@@ -28,8 +28,7 @@ def task(tmp_path_factory):
 def trained(task, folder, project_env, *settings: str) -> list[dict]:
     """The events of a one-worker job of `task`, run with the `--set` `settings`."""
     job = write_job(folder / "job.toml", *task, algorithm="sync", epochs=3)
-    overrides = [part for setting in settings for part in ("--set", setting)]
-    finished = shoal_command("train", job, "--workers", 1, "--run-dir", folder / "run", *overrides,
+    finished = shoal_command("train", job, "--workers", 1, "--run-dir", folder / "run", *set_arguments(settings),
                              env=project_env)
     assert finished.returncode == 0, finished.stderr
     return list(read_events(folder / "run"))

@@ -31,10 +31,15 @@ def shoal_command(*arguments, env, timeout=TIMEOUT) -> subprocess.CompletedProce
                           env=env, timeout=timeout)
 
 
+def set_arguments(settings) -> list[str]:
+    """`--set KEY=VALUE` for each of `settings`."""
+    return [part for setting in settings for part in ("--set", setting)]
+
+
 def two_nodes(job, folder, project_env, *settings: str) -> list[subprocess.CompletedProcess]:
     """Two nodes of one job on this machine (one worker each), as on two machines: a rendezvous endpoint."""
     endpoint = f"127.0.0.1:{free_port()}"
-    overrides = [part for setting in settings for part in ("--set", setting)]
+    overrides = set_arguments(settings)
     nodes = [subprocess.Popen([sys.executable, "-m", "shoal", "train", str(job), "--workers", "1", "--nnodes", "2",
                                "--node-rank", str(rank), "--rdzv-endpoint", endpoint, "--run-dir",
                                str(folder / f"node{rank}"), *overrides],
