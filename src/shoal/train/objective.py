@@ -160,9 +160,12 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return (rank_sum - positives * (positives + 1) / 2.0) / (positives * negatives)
 
 
+EVALUATE_ROWS = 8192  # rows evaluated in one forward pass
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, objective: Objective, features: np.ndarray, labels: np.ndarray,
-             convert, batch_size: int = 8192) -> dict[str, float]:
+             convert, batch_size: int = EVALUATE_ROWS) -> dict[str, float]:
     """Metrics of the model on in-memory rows; `convert` turns numpy rows into tensors."""
     was_training = model.training
     model.eval()

@@ -159,3 +159,45 @@ def test_a_batch_the_ladder_did_not_reach_gains_its_probed_step_beside_its_loop_
     assert grown.step_seconds == {16: 0.1, 64: 0.2, 1024: 0.6}  # the probed step around the real loop
     assert grown.loop_factors == {64: 1.0, 1024: 1.2} and grown.pace_range == 0.7 / 0.5
     assert compute_probe.with_loop_at(measured, at(16), threads=1).step_seconds == measured.step_seconds
+
+
+class RowsModel(torch.nn.Module):
+    """A forward pass that takes `per_row` seconds a row, recording the rows it was given."""
+
+    def __init__(self, per_row: float):
+        super().__init__()
+        self.per_row, self.rows = per_row, []
+
+    def forward(self, inputs):
+        self.rows.append(len(inputs))
+        time.sleep(self.per_row * len(inputs))
+        return inputs
+
+
+def evaluation_probe(rows: int, per_row: float):
+    """What evaluate_per_row reads of a ComputeProbe: its loader's rows and its model."""
+    loader = types.SimpleNamespace(rows=rows, features=torch.zeros(rows, 2), labels=torch.zeros(rows),
+                                   to_tensors=lambda features, labels: (features, labels))
+    probe = types.SimpleNamespace(loader=loader, model=RowsModel(per_row))
+    probe.evaluate_rows = lambda: compute_probe.ComputeProbe.evaluate_rows(probe)
+    return probe
+
+
+def test_a_slow_forward_is_timed_on_fewer_rows_than_evaluation_takes():
+    """0.2 ms a row: 8192 rows would take 1.6 s; some 2,500 take the 0.5 s allowed, priced from 256 rows."""
+    probe = evaluation_probe(20_000, per_row=0.0002)
+    per_row = compute_probe.ComputeProbe.evaluate_per_row(probe)
+    assert probe.model.rows[:2] == [256, 256]  # the first call apart, then one timed
+    assert 2000 <= probe.model.rows[2] <= 2560 and set(probe.model.rows[2:]) == {probe.model.rows[2]}
+    assert 0.0002 <= per_row <= 0.00025  # seconds per row, whatever rows were timed
+    assert probe.model.training
+
+
+def test_a_fast_forward_is_timed_on_as_many_rows_as_evaluation_takes():
+    probe = evaluation_probe(20_000, per_row=1e-7)
+    assert compute_probe.ComputeProbe.evaluate_rows(probe) == compute_probe.EVALUATE_ROWS == 8192
+
+
+def test_a_small_set_is_evaluated_whole():
+    assert compute_probe.ComputeProbe.evaluate_rows(evaluation_probe(100, per_row=0.001)) == 100
+    assert compute_probe.ComputeProbe.evaluate_rows(evaluation_probe(3000, per_row=1e-7)) == 3000
