@@ -144,7 +144,7 @@ def test_a_plan_finds_the_crossover_and_recommends_the_smallest_cluster_near_the
     assert rows_text(None) == "never" and rows_text(0.0) == "always" and rows_text(1234.2) == "1,235"
 
 
-def test_a_link_bound_sync_job_is_told_to_take_a_larger_batch():
+def test_a_link_bound_sync_job_is_told_that_more_machines_do_not_pay():
     profile = Profile(compute=compute(), network=Network(across=Link(1e-3, 1e5), inside=INSIDE, source="test"))
     plan = make_plan([shape("sync", rows=1_000_000)], [1, 2], 1, profile)
     assert "1 node(s)" in plan.recommendation and "more machines do not pay" in plan.recommendation
