@@ -81,7 +81,8 @@ class WorkerEpoch:
 @dataclass(kw_only=True)
 class WorkerMemory:
     """A worker's resident bytes before its data was loaded and at its peak. On a GPU the peak also holds the
-    pages of the CUDA libraries that the first steps load (some 240 MB on an H200 under torch 2.11), not the data's."""
+    pages of the CUDA libraries that the first steps load, not the data's (some 240 MB more than on the CPU: an
+    H200, torch 2.11)."""
 
     before_data: int = 0
     peak: int = 0

@@ -21,7 +21,8 @@ BUDGET = 16_000_000  # about a quarter of the share
 # buffers for a few 16 MB row groups, one batch, the model, and the small test set.
 OVERHEAD = 96_000_000
 # The budget bounds the data in host memory. On a GPU the worker's peak also holds the pages of the CUDA libraries
-# that its first steps load (on an H200 under torch 2.11 it added 328 MB, against 89 MB on the CPU): not the data's.
+# that its first steps load (an H200 with the GPU image's torch 2.11 added 328 MB, against 89 MB on the CPU): not the
+# data's.
 ON_THE_CPU = ("--set", "cluster.device='cpu'")
 
 DIGITS_MODEL = 'input = [784]\nlayers = [{ dense = 40, activation = "sigmoid" }, { dense = 10 }]'

@@ -37,7 +37,8 @@ from shoal.train.prepare import allocate_model, make_optimizer, prepare
 PROBE_ROWS = 100_000  # rows read for the probe: batches gathered from as large a share as a worker's
 BATCH_LADDER = (16, 64, 256, 1024, 4096)
 TIMED_SECONDS = 0.6  # per measured quantity, after warm-up
-LARGEST_STEP = 0.5  # seconds: no batch above the job's own is timed whose step would take longer
+# seconds: no batch above the job's own is timed whose step would take longer, nor evaluation's forward over more rows
+LARGEST_STEP = 0.5
 EVALUATE_FEWEST = 256  # rows: the fewest evaluation's forward is timed on, for a large model
 BLOCKS = 3  # rounds a step is timed in, apart in time
 # seconds idle before a step, as a network wait leaves it: dense where the cost climbs (1-8 ms), sparse where flat
@@ -163,8 +164,8 @@ class ComputeProbe:
 
     def evaluate_rows(self) -> int:
         """As many rows as evaluation takes at once, or fewer where a forward over them would take over
-        LARGEST_STEP, priced from one over EVALUATE_FEWEST rows: per row, a forward costs about the same from a
-        few hundred rows up (0.54-0.84 ms for a 64-4096-4096-10 model from 256 to 8192 rows, 4.9 s at 8192)."""
+        LARGEST_STEP, priced from one over EVALUATE_FEWEST rows (per row, a forward costs about the same from a
+        few hundred rows up). Called in eval mode, under no_grad."""
         rows = min(self.loader.rows, EVALUATE_ROWS)
         fewest = min(rows, EVALUATE_FEWEST)
         inputs, _ = self.loader.to_tensors(self.loader.features[:fewest], self.loader.labels[:fewest])

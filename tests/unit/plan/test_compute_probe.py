@@ -162,14 +162,16 @@ def test_a_batch_the_ladder_did_not_reach_gains_its_probed_step_beside_its_loop_
 
 
 class RowsModel(torch.nn.Module):
-    """A forward pass that takes `per_row` seconds a row, recording the rows it was given."""
+    """A forward pass that takes `per_row` seconds a row, recording the rows it was given and whether it ran in
+    training mode and with gradients."""
 
     def __init__(self, per_row: float):
         super().__init__()
-        self.per_row, self.rows = per_row, []
+        self.per_row, self.rows, self.modes = per_row, [], set()
 
     def forward(self, inputs):
         self.rows.append(len(inputs))
+        self.modes.add((self.training, torch.is_grad_enabled()))
         time.sleep(self.per_row * len(inputs))
         return inputs
 
@@ -184,13 +186,21 @@ def evaluation_probe(rows: int, per_row: float):
 
 
 def test_a_slow_forward_is_timed_on_fewer_rows_than_evaluation_takes():
-    """0.2 ms a row: 8192 rows would take 1.6 s; some 2,500 take the 0.5 s allowed, priced from 256 rows."""
+    """0.2 ms a row: 8192 rows would take 1.6 s; at most 2,500 take the 0.5 s allowed, priced from 256 rows (a
+    sleep overshoots, never falls short)."""
     probe = evaluation_probe(20_000, per_row=0.0002)
+    probe.model.train()
     per_row = compute_probe.ComputeProbe.evaluate_per_row(probe)
     assert probe.model.rows[:2] == [256, 256]  # the first call apart, then one timed
-    assert 2000 <= probe.model.rows[2] <= 2560 and set(probe.model.rows[2:]) == {probe.model.rows[2]}
+    assert 1000 <= probe.model.rows[2] <= 2500 and set(probe.model.rows[2:]) == {probe.model.rows[2]}
     assert 0.0002 <= per_row <= 0.00025  # seconds per row, whatever rows were timed
-    assert probe.model.training
+    assert probe.model.modes == {(False, False)}  # evaluated as evaluation runs: eval mode, no gradients
+    assert probe.model.training  # and back to training after
+
+
+def test_a_forward_slow_even_on_few_rows_is_timed_on_256(monkeypatch):
+    monkeypatch.setattr(compute_probe, "LARGEST_STEP", 0.001)  # 256 rows at 0.01 ms a row take 2.56 ms
+    assert compute_probe.ComputeProbe.evaluate_rows(evaluation_probe(20_000, per_row=1e-5)) == 256
 
 
 def test_a_fast_forward_is_timed_on_as_many_rows_as_evaluation_takes():
@@ -199,5 +209,6 @@ def test_a_fast_forward_is_timed_on_as_many_rows_as_evaluation_takes():
 
 
 def test_a_small_set_is_evaluated_whole():
-    assert compute_probe.ComputeProbe.evaluate_rows(evaluation_probe(100, per_row=0.001)) == 100
+    small = evaluation_probe(100, per_row=1e-5)
+    assert compute_probe.ComputeProbe.evaluate_rows(small) == 100 and small.model.rows == [100, 100]
     assert compute_probe.ComputeProbe.evaluate_rows(evaluation_probe(3000, per_row=1e-7)) == 3000
