@@ -169,10 +169,7 @@ class ComputeProbe:
         rows = min(self.loader.rows, EVALUATE_ROWS)
         fewest = min(rows, EVALUATE_FEWEST)
         inputs, _ = self.loader.to_tensors(self.loader.features[:fewest], self.loader.labels[:fewest])
-        self.model(inputs)  # the first call pays what later ones do not
-        start = time.perf_counter()
-        self.model(inputs)
-        seconds = time.perf_counter() - start
+        (seconds,) = timed(lambda: self.model(inputs), seconds=0.0, at_least=1, warm_up=1)  # one call, after one
         return min(rows, max(fewest, int(LARGEST_STEP * fewest / max(seconds, 1e-9))))
 
     def measure(self, batches: list[int], startup: float, around_loop: tuple[float, ...] = ()) -> Compute:

@@ -3,6 +3,7 @@ of what such a step costs, and its timed optimizer update."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import types
 
@@ -10,7 +11,7 @@ import torch
 
 from shoal.plan import compute_probe
 from shoal.plan.compute_probe import cold_steps, resume_table, timed_loop, update_work
-from shoal.plan.profile import Compute
+from tests.unit.plan.test_predict import compute
 
 
 def test_a_cold_step_is_timed_after_the_wait_and_without_it():
@@ -136,21 +137,9 @@ def test_a_slow_moment_does_not_cut_the_ladder():
 
 
 def test_a_batch_the_ladder_did_not_reach_gains_its_probed_step_beside_its_loop_factor(monkeypatch):
-    class Probe:
-        def __init__(self, job, threads):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *_):
-            pass
-
-    monkeypatch.setattr(compute_probe, "ComputeProbe", Probe)
+    monkeypatch.setattr(compute_probe, "ComputeProbe", lambda job, threads: contextlib.nullcontext())
     monkeypatch.setattr(compute_probe, "timed_loop", lambda probe, job, threads: (4.0, 1.2, (0.5, 0.7)))
-    measured = Compute(model="m", parameters=1, threads=1, step_seconds={16: 0.1, 64: 0.2}, update_seconds=0.0,
-                       copy_seconds_per_byte=0.0, evaluate_seconds_per_row=0.0, load_rows_per_second=1.0,
-                       startup_seconds=1.0, loop_factors={64: 1.0}, pace_range=1.1)
+    measured = compute(step_seconds={16: 0.1, 64: 0.2}, loop_factors={64: 1.0}, pace_range=1.1)
 
     def at(batch):
         return types.SimpleNamespace(train=types.SimpleNamespace(batch_size=batch))
