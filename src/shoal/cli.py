@@ -14,7 +14,19 @@ DESCRIPTION = "shoal: train one neural network across many commodity machines."
 
 
 def command_train(args: argparse.Namespace) -> int:
+    from shoal.cluster import forkserver
+
+    if not (args.hosts or args.hostfile):  # this machine runs workers: they import while this process does
+        forkserver.start("shoal.worker")
+    try:
+        return train_here(args)
+    finally:
+        forkserver.stop()
+
+
+def train_here(args: argparse.Namespace) -> int:
     from shoal.api import final_metrics, resolve_job, resumed_job, start
+    from shoal.cluster import forkserver
     from shoal.cluster.interface import use_interface
     from shoal.cluster.rendezvous import Nodes
     from shoal.cluster.signals import Interrupted
@@ -33,6 +45,7 @@ def command_train(args: argparse.Namespace) -> int:
     if args.max_restarts < 0:
         raise ShoalError(f"--max-restarts: must be >= 0, got {args.max_restarts}")
     if args.hosts or args.hostfile or (job.cluster.hosts and not args.stop_when_input_closes and args.nnodes == 1):
+        forkserver.stop()  # the hosts run the workers
         return command_train_hosts(args, job)
     if args.nnodes < 1:
         raise ShoalError(f"--nnodes: must be >= 1, got {args.nnodes}")

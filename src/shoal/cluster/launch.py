@@ -1,9 +1,10 @@
 """Starting this node's workers for one attempt, through torch's elastic agent.
 
-Launching is apart from training: this module starts `python -m shoal.worker` processes and
-turns their failures into one description naming the rank and host; it knows nothing about
-models or data, and nothing about other machines beyond the rendezvous handler it is given
-(see shoal.cluster.rendezvous, which agrees on node ranks and attempts beforehand).
+Launching is apart from training: this module starts `python -m shoal.worker` processes (forked
+from shoal.cluster.forkserver's server where `shoal train` started one) and turns their failures
+into one description naming the rank and host; it knows nothing about models or data, and nothing
+about other machines beyond the rendezvous handler it is given (see shoal.cluster.rendezvous,
+which agrees on node ranks and attempts beforehand).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 
+from shoal.cluster import forkserver
 from shoal.cluster.orphan import LAUNCHER_VARIABLE
 from shoal.cluster.signals import Interrupted, caller_signal_handlers, handled_signals
 from shoal.errors import EXIT_USAGE, WorkerError, lost_peer
@@ -44,11 +46,13 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezv
         # every node runs the same number of workers: torch numbers them without asking a shared store
         "TORCH_ELASTIC_WORKER_IDENTICAL": "1",
     }
-    arguments = ["-u", "-m", WORKER_MODULE, str(job_file), "--run-dir", str(run_dir), "--threads", str(threads)]
+    arguments = [str(job_file), "--run-dir", str(run_dir), "--threads", str(threads)]
     if resume:
         arguments.append("--resume")
     if callbacks is not None:
         arguments += ["--callbacks", str(callbacks)]
+    server = forkserver.running()  # `shoal train` started one: the workers come already imported
+    arguments = server.arguments(arguments) if server else ["-u", "-m", WORKER_MODULE, *arguments]
     # torch's default log folder is a /tmp/torchelastic_* left behind by every job
     logs = tempfile.mkdtemp(prefix="shoal-launch-")
     try:

@@ -1,0 +1,159 @@
+"""The fork server: workers forked already imported, each behind a stand-in that the agent sees as the worker.
+
+Real processes throughout: a server importing tests.support.forked, stand-ins started as torch's agent
+starts its workers, and workers that exit, are killed, stop or wait for a signal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from shoal.cluster import forkserver
+from shoal.cluster.orphan import LAUNCHER_VARIABLE
+
+ROOT = Path(__file__).resolve().parents[3]
+MODULE = "tests.support.forked"
+TIMEOUT = 30
+
+
+@pytest.fixture
+def server(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{ROOT / 'src'}")  # the server imports tests.support
+    started = forkserver.ForkServer(MODULE)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def stand_in(server, *arguments: str, folder: Path, **options) -> subprocess.Popen:
+    """A worker started as the launcher starts one: its own session, the launcher's pid in its environment."""
+    environment = {**os.environ, LAUNCHER_VARIABLE: str(os.getpid()), "FORKED_MARKER": "given"}
+    return subprocess.Popen([sys.executable, *server.arguments(list(arguments))], stdout=subprocess.PIPE,
+                            text=True, cwd=folder, env=environment, start_new_session=True, **options)
+
+
+def reported(process: subprocess.Popen) -> dict:
+    return json.loads(process.stdout.readline())
+
+
+def ended(pid: int, timeout: float = TIMEOUT) -> bool:
+    """Whether `pid` ended within `timeout` seconds (a zombie awaiting its new parent counts)."""
+    try:
+        process = psutil.Process(pid)
+        process.wait(timeout=timeout)
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.TimeoutExpired:
+        return process.status() == psutil.STATUS_ZOMBIE
+    return True
+
+
+def test_a_worker_runs_forked_as_main_with_the_stand_ins_arguments_folder_and_environment(server, tmp_path):
+    process = stand_in(server, "exit", "3", folder=tmp_path)
+    worker = reported(process)
+    assert process.wait(timeout=TIMEOUT) == 3  # its status, through the stand-in
+    assert worker["name"] == "__main__" and worker["arguments"] == ["exit", "3"]
+    assert worker["folder"] == str(tmp_path) and worker["marker"] == "given"
+    # forked from the server, not started by the stand-in; the server, which ends with the launcher, is its launcher
+    assert worker["pid"] != process.pid and worker["parent"] == server.process.pid
+    assert worker["under_launcher"] and not worker["hangup_ignored"]
+
+
+def test_a_worker_killed_by_a_signal_leaves_its_stand_in_killed_by_the_same(server, tmp_path):
+    process = stand_in(server, "kill", folder=tmp_path)
+    reported(process)
+    assert process.wait(timeout=TIMEOUT) == -signal.SIGKILL
+
+
+def test_the_stand_ins_signals_reach_the_worker(server, tmp_path):
+    process = stand_in(server, "term", folder=tmp_path)
+    reported(process)  # its handler is in place
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=TIMEOUT) == 5
+
+
+def test_a_signal_ignored_by_the_stand_in_is_ignored_by_the_worker(server, tmp_path):
+    process = stand_in(server, "exit", "0", folder=tmp_path,
+                       preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # as under nohup
+    assert reported(process)["hangup_ignored"]
+    assert process.wait(timeout=TIMEOUT) == 0
+
+
+def test_a_stopped_worker_goes_when_its_stand_in_is_killed(server, tmp_path):
+    """The agent's SIGKILL after its grace time reaches the stand-in only; the server kills the worker."""
+    process = stand_in(server, "stop", folder=tmp_path)
+    worker = reported(process)["pid"]
+    while psutil.Process(worker).status() != psutil.STATUS_STOPPED:
+        time.sleep(0.01)
+    process.kill()
+    process.wait(timeout=TIMEOUT)
+    assert ended(worker), "the stopped worker outlived its stand-in"
+
+
+def test_closing_the_server_kills_its_workers_and_removes_its_folder(server, tmp_path):
+    process = stand_in(server, "sleep", folder=tmp_path)
+    worker = reported(process)["pid"]
+    server.close()
+    assert ended(worker) and process.wait(timeout=TIMEOUT) == -signal.SIGKILL
+    assert not os.path.exists(server.folder)
+
+
+def test_without_a_server_the_stand_in_is_the_worker(tmp_path):
+    missing = forkserver.ForkServer.__new__(forkserver.ForkServer)
+    missing.module, missing.path = MODULE, str(tmp_path / "no-server")
+    environment = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"}
+    process = subprocess.Popen([sys.executable, *missing.arguments(["exit", "4"])], stdout=subprocess.PIPE, text=True,
+                               env=environment)
+    worker = reported(process)
+    assert process.wait(timeout=TIMEOUT) == 4
+    assert worker["pid"] == process.pid and worker["name"] == "__main__"
+
+
+def test_the_server_ends_with_its_launcher_and_its_workers_as_orphans(tmp_path, project_env):
+    """A launcher killed outright: its server sees it gone, and the worker, its parent gone, stops itself."""
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, MODULE, str(tmp_path)], stdout=subprocess.PIPE,
+                                text=True, env={**project_env, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"})
+    try:
+        server, folder = launcher.stdout.readline().split()
+        worker = json.loads(launcher.stdout.readline())["pid"]
+        launcher.kill()
+        launcher.wait(timeout=TIMEOUT)
+        assert ended(int(server)) and ended(worker), "the server or its worker outlived the launcher"
+        assert not os.path.exists(folder)
+    finally:
+        launcher.kill()
+
+
+# a launcher: starts a server, one worker that sleeps behind its stand-in, and says their pids
+LAUNCHER = """
+import os, subprocess, sys
+from shoal.cluster import forkserver
+server = forkserver.start(sys.argv[1])
+print(server.process.pid, server.folder, flush=True)
+os.environ["SHOAL_LAUNCHER_PID"] = str(os.getpid())
+stand_in = subprocess.Popen([sys.executable, *server.arguments(["sleep"])], cwd=sys.argv[2], start_new_session=True)
+stand_in.wait()
+"""
+
+
+def test_a_request_that_is_not_a_stand_ins_starts_nothing_and_the_server_goes_on(server, tmp_path):
+    for garbage in (b"", b"\x00" * 8, b"\x00\x00\x00\x00\x00\x00\x00\x02{}"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(server.path)
+            connection.sendall(garbage)
+            connection.shutdown(socket.SHUT_WR)
+            assert connection.recv(8) == b""  # closed without a pid
+    process = stand_in(server, "exit", "0", folder=tmp_path)
+    assert reported(process)["parent"] == server.process.pid and process.wait(timeout=TIMEOUT) == 0
+    assert psutil.Process(server.process.pid).children() == []
