@@ -4,18 +4,23 @@ A worker's imports (torch above all) take about 2.5 s of a core, and shoal's lau
 for its agent before it can start any: a job's first step waited for both, one after the other, and
 every restart paid the workers' part again. `shoal train` starts a fork server first thing; it imports
 the worker module while the launcher imports torch (on another core where there is one), and each
-worker is then forked from it, already imported.
+worker is then forked from it, already imported. torch's agent still starts and watches one process
+per worker, a light stand-in (shoal.cluster.standin) that has the server fork its worker.
 
-torch's agent still starts and watches one process per worker, a light one:
-`python -m shoal.cluster.forkserver run SOCKET shoal.worker ARGS...` hands the server its arguments,
-environment, folder and standard streams, passes on the signals it gets, and ends as its worker
-ended (the same exit status, or the same signal). Where the server cannot be reached it runs the
-worker itself. The server kills a worker whose stand-in is gone (the agent's SIGKILL after its grace
-time) and ends with its launcher; its workers then stop as orphans do (shoal.cluster.orphan).
+A forked worker takes its stand-in's arguments, folder, environment, import path, standard streams
+and ignored signals. What a library reads from the environment as it loads (torch's, OpenMP's) was
+read in the server, with the launcher's environment: a worker sets its threads itself.
+
+The server answers its launcher only: a signal to every process of the job (Ctrl-C, scancel) reaches
+the workers, which stop as they would, not the server. It ends when the launcher closes its control
+pipe: killing the workers still running when told to stop, leaving them to stop as orphans
+(shoal.cluster.orphan) when the launcher is simply gone. It kills a worker whose stand-in is gone
+(the agent's SIGKILL after its grace time), with that worker's process group.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import json
@@ -29,18 +34,20 @@ import struct
 import subprocess
 import sys
 import tempfile
-import traceback
+import threading
 
-from shoal.cluster.orphan import LAUNCHER_VARIABLE, ORPHAN_EXIT, under_shoal_launcher
+from shoal.cluster.orphan import LAUNCHER_VARIABLE
 
 MODULE = "shoal.cluster.forkserver"
-CHECK_SECONDS = 0.5  # how often the server looks for its launcher
+STAND_IN = "shoal.cluster.standin"
 BACKLOG = 256  # stand-ins waiting while the server imports: a machine's workers, and more
 REQUEST_SECONDS = 10.0  # a stand-in sends its request at once; one that stalls is dropped
+LARGEST_REQUEST = 64 << 20  # bytes: arguments and an environment, with room to spare
 # what a stand-in passes on to its worker: what the agent, a terminal or SLURM send
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 NUMBER = struct.Struct("!q")  # a length, a pid or an exit status (negative: the signal that ended it)
 STREAMS = (0, 1, 2)
+STOP = b"s"  # the launcher's word on the control pipe: done, end any worker left (bare EOF: the launcher is gone)
 
 _running: ForkServer | None = None
 
@@ -52,22 +59,35 @@ class ForkServer:
         self.module = module
         self.folder = tempfile.mkdtemp(prefix="shoal-forkserver-")  # mode 0700: no other user may ask it for workers
         self.path = os.path.join(self.folder, "socket")
-        # listening from here on: a stand-in that comes before the server has started waits in the backlog
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-            listener.bind(self.path)
-            listener.listen(BACKLOG)
-            # a session of its own: the terminal's Ctrl-C is the launcher's to pass on, not the server's to die of
-            self.process = subprocess.Popen([sys.executable, "-u", "-m", MODULE, "serve", str(listener.fileno()),
-                                             module, str(os.getpid())], stdin=subprocess.DEVNULL,
-                                            start_new_session=True, pass_fds=[listener.fileno()])
+        control, self.control = os.pipe()  # the server's end reads EOF once this process ends, however it ends
+        try:
+            # listening from here on: a stand-in that comes before the server has started waits in the backlog
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+                listener.bind(self.path)
+                listener.listen(BACKLOG)
+                # a session of its own: the terminal's Ctrl-C is for the launcher to pass on
+                self.process = subprocess.Popen(
+                    [sys.executable, "-u", "-m", MODULE, str(listener.fileno()), str(control), module],
+                    stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=[listener.fileno(), control])
+        except BaseException:
+            os.close(self.control)
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
+        finally:
+            os.close(control)
 
     def arguments(self, worker: list[str]) -> list[str]:
         """The interpreter arguments that start one worker (`worker`: the module's own arguments) from here."""
-        return ["-u", "-m", MODULE, "run", self.path, self.module, *worker]
+        return ["-u", "-m", STAND_IN, self.path, self.module, *worker]
 
     def close(self) -> None:
         """Stop the server (killing any worker still forked from it) and remove its folder."""
-        if self.process.poll() is None:
+        if self.control is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.control, STOP)
+            os.close(self.control)
+            self.control = None
+            # still importing, it has no workers and would see STOP only after its import: it goes at once
             self.process.terminate()
             try:
                 self.process.wait(timeout=5)
@@ -77,11 +97,13 @@ class ForkServer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def start(module: str) -> ForkServer:
-    """Start this process's fork server for `module` (one at a time); the launcher forks its workers from it."""
+def start(module: str) -> ForkServer | None:
+    """Start this process's fork server for `module` (one at a time); None where it cannot (a temporary
+    folder whose path is too long for a socket), and the workers start on their own."""
     global _running
     stop()
-    _running = ForkServer(module)
+    with contextlib.suppress(OSError):
+        _running = ForkServer(module)
     return _running
 
 
@@ -99,25 +121,34 @@ def stop() -> None:
 # --- the server --------------------------------------------------------------------------------------
 
 
-def serve(listening: int, module: str, launcher: int) -> None:
-    """Import `module`, then fork a worker per request on the socket `listening` (a descriptor)."""
+def serve(listening: int, control: int, module: str) -> None:
+    """Import `module`, then fork a worker per request on the socket `listening` (a descriptor) until the
+    launcher closes `control`."""
     listener = socket.socket(fileno=listening)
-    path = listener.getsockname()
-    importlib.import_module(module)
+    folder = os.path.dirname(listener.getsockname())
+    try:
+        importlib.import_module(module)
+        if not _can_fork_workers(module):  # the stand-ins, refused, run their workers themselves
+            return
+        _forget(module)
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(number, signal.SIG_IGN)  # meant for the job's processes; the launcher says when to end
+        Server(listener, control, module).loop()
+    finally:
+        listener.close()
+        shutil.rmtree(folder, ignore_errors=True)  # a launcher killed outright cannot
+
+
+def _can_fork_workers(module: str) -> bool:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():  # a forked child could not use the GPU
         print(f"shoal: {module} started CUDA on import; its workers start on their own", file=sys.stderr)
-        return
-    _forget(module)
-    server = Server(listener, module, launcher)
-    signal.signal(signal.SIGTERM, _stop_on_signal)
-    try:
-        server.loop()  # the launcher gone, its workers stop as orphans (their parent, this server, goes too)
-    except _Stopped:  # the launcher is done with its workers: any left have had their time
-        server.kill_workers()
-    finally:
-        server.listener.close()
-        shutil.rmtree(os.path.dirname(path), ignore_errors=True)  # a launcher killed outright cannot
+        return False
+    try:  # Linux 5.3 and later: a worker's end is seen without signals or threads
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
 
 
 def _forget(module: str) -> None:
@@ -130,34 +161,31 @@ def _forget(module: str) -> None:
             delattr(sys.modules[package], name)
 
 
-class _Stopped(Exception):
-    pass
-
-
-def _stop_on_signal(_number, _frame) -> None:
-    raise _Stopped
-
-
 class Server:
-    """The server's loop: requests on the listener; per worker, its stand-in's connection and its pidfd."""
+    """The server's loop: its control pipe, requests on the listener, and per worker its stand-in's
+    connection and its pidfd."""
 
-    def __init__(self, listener: socket.socket, module: str, launcher: int):
+    def __init__(self, listener: socket.socket, control: int, module: str):
         self.listener = listener
+        self.control = control
         self.module = module
-        self.launcher = launcher
+        self.pid = os.getpid()
+        self.serving = True
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ, self.accept)
+        self.selector.register(control, selectors.EVENT_READ, self.told)
         self.workers: dict[int, tuple[socket.socket, int]] = {}  # pid -> (the stand-in's connection, pidfd)
 
     def loop(self) -> None:
-        """Until the launcher is gone; its SIGTERM (_Stopped) lands only while waiting, never halfway through
-        forking a worker or reporting one's end."""
-        while os.getppid() == self.launcher:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-            events = self.selector.select(CHECK_SECONDS)
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-            for key, _ in events:
+        while self.serving:
+            for key, _ in self.selector.select():
                 key.data(key.fileobj)
+
+    def told(self, control: int) -> None:
+        """The launcher is done (STOP) or gone (EOF): the server ends, and the workers it was told to stop."""
+        if os.read(control, 1) == STOP:
+            self.kill_workers()
+        self.serving = False
 
     def accept(self, listener: socket.socket) -> None:
         connection, _ = listener.accept()
@@ -165,19 +193,20 @@ class Server:
             connection.settimeout(REQUEST_SECONDS)
             _check_same_user(connection)
             request, streams = receive_request(connection)
-        except (OSError, ValueError, KeyError, TypeError):  # not a stand-in's request: nothing is started
+        except (OSError, ValueError, KeyError, TypeError, MemoryError):  # not a stand-in's request
             connection.close()
             return
         pid = os.fork()
         if pid == 0:
             self.become_worker(request, streams, connection)
-        for descriptor in streams.values():
-            os.close(descriptor)
-        connection.settimeout(None)
-        self.watch(pid, connection)
         try:
+            for descriptor in streams.values():
+                os.close(descriptor)
+            connection.settimeout(None)
+            self.watch(pid, connection)
             connection.sendall(NUMBER.pack(pid))
-        except OSError:  # the stand-in is gone already
+        except OSError:  # the stand-in is gone already, or the worker cannot be watched: it goes
+            self.workers.setdefault(pid, (connection, -1))
             self.abandoned(pid, connection)
 
     def watch(self, pid: int, connection: socket.socket) -> None:
@@ -191,8 +220,9 @@ class Server:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(connection)
         if pid in self.workers:  # not yet reaped, so the pid is still its
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            _kill_group(pid)
+            if self.workers[pid][1] < 0:  # never watched: reaped here
+                self.ended(pid)
 
     def ended(self, pid: int) -> None:
         _, status = os.waitpid(pid, 0)
@@ -203,21 +233,21 @@ class Server:
         with contextlib.suppress(OSError):
             connection.sendall(NUMBER.pack(os.waitstatus_to_exitcode(status)))
         connection.close()
-        os.close(pidfd)
+        if pidfd >= 0:
+            os.close(pidfd)
 
     def kill_workers(self) -> None:
-        """SIGKILL every worker left, and tell each stand-in so."""
+        """SIGKILL every worker left (the launcher gave them their time), and tell each stand-in so."""
         for pid in list(self.workers):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            _kill_group(pid)
             self.ended(pid)
 
     def become_worker(self, request: dict, streams: dict[int, int], connection: socket.socket) -> None:
-        """In the forked child: take the stand-in's streams, folder, environment and signals, then run
-        the module as `python -m` would. Never returns."""
+        """In the forked child: take the stand-in's streams and the rest, then run the module as `python -m`
+        would. Never returns."""
         status = 1
         try:
-            os.setsid()  # as torch's agent starts its workers
+            os.setsid()  # a process group of its own, as torch's agent starts its workers
             for number in STREAMS:
                 if number in streams:
                     os.dup2(streams[number], number)
@@ -226,22 +256,31 @@ class Server:
             for descriptor in streams.values():
                 os.close(descriptor)
             self._close_server(connection)
-            _take_over(request)
+            _take_over(request, self.pid)
             status = run_as_main(self.module, request["arguments"])
+        except KeyboardInterrupt:
+            status = -signal.SIGINT  # as an interpreter ends on an uncaught Ctrl-C
         except BaseException:  # noqa: BLE001 - whatever happened, the child must not return into the server
-            traceback.print_exc()
+            sys.excepthook(*sys.exc_info())
         finally:
-            _flush()
-            os._exit(status)
+            _finish()
+            exit_as(status)
 
     def _close_server(self, connection: socket.socket) -> None:
         """The child holds none of the server's descriptors, or a stand-in would not see its server end."""
         for other, pidfd in self.workers.values():
             other.close()
-            os.close(pidfd)
+            if pidfd >= 0:
+                os.close(pidfd)
         connection.close()
         self.selector.close()
         self.listener.close()
+        os.close(self.control)
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def _check_same_user(connection: socket.socket) -> None:
@@ -251,18 +290,17 @@ def _check_same_user(connection: socket.socket) -> None:
         raise PermissionError(f"a request from user {uid}")
 
 
-def _take_over(request: dict) -> None:
-    """The stand-in's folder, environment, import path and ignored signals, as a fresh process would have them."""
+def _take_over(request: dict, server: int) -> None:
+    """The stand-in's folder, environment, import path and signal dispositions, as a fresh process has them."""
     os.chdir(request["folder"])
     os.environ.clear()
     os.environ.update(request["environment"])
-    if request["under_launcher"]:  # the server is the worker's parent now, and ends with the launcher
-        os.environ[LAUNCHER_VARIABLE] = str(os.getppid())
+    if request["under_launcher"]:  # the server, its parent, ends with the launcher (pid taken before the fork)
+        os.environ[LAUNCHER_VARIABLE] = str(server)
     sys.path[:] = request["path"]
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked in the server while it forked
-    for number in request["ignored"]:
-        signal.signal(number, signal.SIG_IGN)
+    for number in FORWARDED:
+        default = signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL
+        signal.signal(number, signal.SIG_IGN if number in request["ignored"] else default)
 
 
 def run_as_main(module: str, arguments: list[str]) -> int:
@@ -278,37 +316,33 @@ def run_as_main(module: str, arguments: list[str]) -> int:
     return 0
 
 
-def _flush() -> None:
+def _finish() -> None:
+    """What an interpreter does on its way out, short of tearing down its modules: wait for its threads,
+    run its exit functions (a share cache's folder is removed by one), flush its streams."""
+    with contextlib.suppress(Exception):
+        threading._shutdown()  # noqa: SLF001 - the interpreter's own step, which os._exit skips
+    atexit._run_exitfuncs()  # noqa: SLF001
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
 
 
-# --- the stand-in --------------------------------------------------------------------------------------
+def exit_as(status: int) -> None:
+    """Exit with `status`, or be killed by the signal -`status`, as the worker did."""
+    if status < 0:
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no disposition to reset
+            signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+        status = 128 - status  # a signal that does not end a process by default
+    os._exit(status)
 
 
-def run(path: str, module: str, arguments: list[str]) -> int:
-    """Have the server at `path` fork the worker and stand in for it; without a server, be the worker."""
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        connection.connect(path)
-        send_request(connection, arguments)
-        pid = receive_number(connection)
-    except OSError:  # no server, or it ended before forking: nothing was started
-        connection.close()
-        return run_as_main(module, arguments)
-    forward_signals(pid)
-    try:
-        status = receive_number(connection)
-    except OSError:  # the server ended (its launcher is gone): the worker stops as an orphan
-        status = ORPHAN_EXIT
-    end_as(status)
-    return status
+# --- the request, as a stand-in sends it and the server reads it -------------------------------------
 
 
-def send_request(connection: socket.socket, arguments: list[str]) -> None:
+def send_request(connection: socket.socket, arguments: list[str], under_launcher: bool) -> None:
     request = {"arguments": arguments, "folder": os.getcwd(), "environment": dict(os.environ), "path": sys.path,
-               "under_launcher": under_shoal_launcher(),
+               "under_launcher": under_launcher,
                "ignored": [number for number in FORWARDED if signal.getsignal(number) == signal.SIG_IGN]}
     streams = [number for number in STREAMS if _is_open(number)]
     payload = json.dumps({**request, "streams": streams}).encode()
@@ -319,9 +353,11 @@ def send_request(connection: socket.socket, arguments: list[str]) -> None:
 def receive_request(connection: socket.socket) -> tuple[dict, dict[int, int]]:
     header, descriptors, _, _ = socket.recv_fds(connection, NUMBER.size, len(STREAMS))
     try:
-        header += _receive_exactly(connection, NUMBER.size - len(header))
+        header += receive_exactly(connection, NUMBER.size - len(header))
         (length,) = NUMBER.unpack(header)
-        request = json.loads(_receive_exactly(connection, length))
+        if not 0 < length <= LARGEST_REQUEST:
+            raise ValueError(f"a request of {length} bytes")
+        request = json.loads(receive_exactly(connection, length))
         if len(request["streams"]) != len(descriptors):
             raise ValueError("streams named and passed differ")
     except BaseException:
@@ -332,11 +368,11 @@ def receive_request(connection: socket.socket) -> tuple[dict, dict[int, int]]:
 
 
 def receive_number(connection: socket.socket) -> int:
-    (number,) = NUMBER.unpack(_receive_exactly(connection, NUMBER.size))
+    (number,) = NUMBER.unpack(receive_exactly(connection, NUMBER.size))
     return number
 
 
-def _receive_exactly(connection: socket.socket, size: int) -> bytes:
+def receive_exactly(connection: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
         chunk = connection.recv(size - len(data))
@@ -354,41 +390,11 @@ def _is_open(descriptor: int) -> bool:
     return True
 
 
-def forward_signals(pid: int) -> None:
-    """What the stand-in is sent, its worker gets (where the stand-in was not told to ignore it)."""
-    worker = os.pidfd_open(pid)
-
-    def forward(number, _frame) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(worker, number)
-
-    for number in FORWARDED:
-        if signal.getsignal(number) != signal.SIG_IGN:
-            signal.signal(number, forward)
-
-
-def end_as(status: int) -> None:
-    """Exit as the worker did: the same status, or killed by the same signal."""
-    _flush()
-    if status < 0:
-        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
-            signal.signal(-status, signal.SIG_DFL)
-        os.kill(os.getpid(), -status)
-        status = 128 - status  # a signal that does not end a process by default
-    os._exit(status)
-
-
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["serve"] and len(argv) == 4:
-        serve(int(argv[1]), argv[2], int(argv[3]))
-        _flush()
-        os._exit(0)  # no teardown of what it imported (a second, with torch): it ran nothing
-    if argv[:1] == ["run"] and len(argv) >= 3:
-        return run(argv[1], argv[2], argv[3:])
-    print(f"usage: python -m {MODULE} serve DESCRIPTOR MODULE LAUNCHER_PID | run SOCKET MODULE [ARGUMENTS...]",
-          file=sys.stderr)
-    return 2
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    if len(sys.argv) != 4:
+        print(f"usage: python -m {MODULE} LISTENING_DESCRIPTOR CONTROL_DESCRIPTOR MODULE (started by shoal train)",
+              file=sys.stderr)
+        sys.exit(2)
+    serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    sys.stderr.flush()
+    os._exit(0)  # no teardown of what it imported (a second, with torch): it ran nothing

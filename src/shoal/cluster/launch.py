@@ -124,7 +124,10 @@ def stop_workers(number: int = signal.SIGTERM) -> int:
     A stopped or wedged worker ignores SIGTERM and the agent, seeing it alive, would wait for ever:
     the caller sends SIGKILL after SHUTDOWN_SECONDS."""
     count = 0
+    server = forkserver.running()
     for child in psutil.Process().children():
+        if server is not None and child.pid == server.process.pid:  # it forks the workers, and goes when told
+            continue
         try:
             if WORKER_MODULE in " ".join(child.cmdline()):
                 child.send_signal(number)

@@ -12,23 +12,25 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from shoal.cluster import forkserver
+from shoal.cluster import forkserver, launch
 from shoal.cluster.orphan import LAUNCHER_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[3]
+PYTHONPATH = f"{ROOT}{os.pathsep}{ROOT / 'src'}"  # the server imports tests.support
 MODULE = "tests.support.forked"
 TIMEOUT = 30
 
 
 @pytest.fixture
 def server(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{ROOT / 'src'}")  # the server imports tests.support
+    monkeypatch.setenv("PYTHONPATH", PYTHONPATH)
     started = forkserver.ForkServer(MODULE)
     try:
         yield started
@@ -110,20 +112,19 @@ def test_closing_the_server_kills_its_workers_and_removes_its_folder(server, tmp
 
 
 def test_without_a_server_the_stand_in_is_the_worker(tmp_path):
-    missing = forkserver.ForkServer.__new__(forkserver.ForkServer)
-    missing.module, missing.path = MODULE, str(tmp_path / "no-server")
-    environment = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"}
-    process = subprocess.Popen([sys.executable, *missing.arguments(["exit", "4"])], stdout=subprocess.PIPE, text=True,
-                               env=environment)
+    environment = {**os.environ, "PYTHONPATH": PYTHONPATH}
+    process = subprocess.Popen([sys.executable, "-m", forkserver.STAND_IN, str(tmp_path / "no-server"), MODULE,
+                                "exit", "4"], stdout=subprocess.PIPE, text=True, env=environment)
     worker = reported(process)
     assert process.wait(timeout=TIMEOUT) == 4
     assert worker["pid"] == process.pid and worker["name"] == "__main__"
 
 
 def test_the_server_ends_with_its_launcher_and_its_workers_as_orphans(tmp_path, project_env):
-    """A launcher killed outright: its server sees it gone, and the worker, its parent gone, stops itself."""
+    """A launcher killed outright: its server sees it gone at once, and the worker, its parent gone, stops
+    itself (the stand-in waits for it)."""
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, MODULE, str(tmp_path)], stdout=subprocess.PIPE,
-                                text=True, env={**project_env, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"})
+                                text=True, env={**project_env, "PYTHONPATH": PYTHONPATH})
     try:
         server, folder = launcher.stdout.readline().split()
         worker = json.loads(launcher.stdout.readline())["pid"]
@@ -138,7 +139,7 @@ def test_the_server_ends_with_its_launcher_and_its_workers_as_orphans(tmp_path, 
 # a launcher: starts a server, one worker that sleeps behind its stand-in, and says their pids
 LAUNCHER = """
 import os, subprocess, sys
-from shoal.cluster import forkserver
+from shoal.cluster import forkserver, launch
 server = forkserver.start(sys.argv[1])
 print(server.process.pid, server.folder, flush=True)
 os.environ["SHOAL_LAUNCHER_PID"] = str(os.getpid())
@@ -157,3 +158,52 @@ def test_a_request_that_is_not_a_stand_ins_starts_nothing_and_the_server_goes_on
     process = stand_in(server, "exit", "0", folder=tmp_path)
     assert reported(process)["parent"] == server.process.pid and process.wait(timeout=TIMEOUT) == 0
     assert psutil.Process(server.process.pid).children() == []
+
+
+def test_the_server_is_not_stopped_by_the_signals_meant_for_the_jobs_processes(server, tmp_path):
+    """scancel or a terminal signals every process of the job: the workers stop as they would, the server
+    (told by its launcher) stays."""
+    first = stand_in(server, "exit", "0", folder=tmp_path)
+    assert reported(first)["parent"] == server.process.pid and first.wait(timeout=TIMEOUT) == 0  # it serves
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        server.process.send_signal(number)
+    process = stand_in(server, "exit", "0", folder=tmp_path)
+    assert reported(process)["parent"] == server.process.pid and process.wait(timeout=TIMEOUT) == 0
+
+
+def test_a_signal_reaches_the_workers_own_children_as_torchs_agent_sends_it_to_a_group(server, tmp_path):
+    process = stand_in(server, "family", folder=tmp_path)
+    worker = reported(process)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=TIMEOUT) == -signal.SIGTERM
+    assert ended(worker["pid"]) and ended(worker["child"]), "the worker's child missed the signal"
+
+
+def test_an_uncaught_error_ends_the_worker_as_the_interpreter_would(server, tmp_path):
+    process = stand_in(server, "raise", folder=tmp_path, stderr=subprocess.PIPE)
+    reported(process)
+    assert process.wait(timeout=TIMEOUT) == 1
+    assert process.stdout.read().strip() == "exit functions ran"  # os._exit alone would skip them
+    assert "RuntimeError: raised on purpose" in process.stderr.read()
+    interrupted = stand_in(server, "interrupt", folder=tmp_path, stderr=subprocess.DEVNULL)
+    reported(interrupted)
+    assert interrupted.wait(timeout=TIMEOUT) == -signal.SIGINT
+
+
+def test_the_launchers_stop_leaves_the_server_alone(server, tmp_path, monkeypatch):
+    """shoal.cluster.launch.stop_workers signals the launcher's children that run the worker module: the
+    stand-ins, whose workers get the signal, and not the server, whose command line names the module too."""
+    monkeypatch.setattr(launch, "WORKER_MODULE", MODULE)
+    monkeypatch.setattr(forkserver, "_running", server)
+    process = stand_in(server, "term", folder=tmp_path)
+    reported(process)
+    assert launch.stop_workers(signal.SIGTERM) == 1
+    assert process.wait(timeout=TIMEOUT) == 5 and server.process.poll() is None
+
+
+def test_no_server_where_the_temporary_folder_is_too_deep_for_a_socket(tmp_path, monkeypatch):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    assert forkserver.start(MODULE) is None and forkserver.running() is None
+    assert list(deep.iterdir()) == []
