@@ -5,7 +5,9 @@ torch's launcher starts workers in sessions of their own, so a launcher killed w
 could even write the model. Each worker watches its parent instead: once the process that
 started it is gone (the kernel hands the orphan to init or a subreaper), it stops at once,
 writing nothing more. Polling the parent's pid is used rather than PR_SET_PDEATHSIG, which fires
-when the launcher's starting *thread* ends, not the launcher.
+when the launcher's starting *thread* ends, not the launcher. A worker forked by `shoal train`'s fork
+server (shoal.cluster.forkserver) has the server for its parent and launcher, and the server ends as
+soon as the launcher does.
 """
 
 from __future__ import annotations
