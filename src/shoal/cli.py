@@ -17,7 +17,7 @@ def command_train(args: argparse.Namespace) -> int:
     from shoal.cluster import forkserver
 
     if not (args.hosts or args.hostfile):  # this machine runs workers: they import while this process does
-        forkserver.start("shoal.worker")
+        forkserver.start()
     try:
         return train_here(args)
     finally:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from shoal.bench.grid import Size, derive_sizes
 from shoal.bench.machine import describe
+from shoal.cluster import forkserver
 from shoal.cluster.env import cores, threads_per_worker
 from shoal.config import JobConfig
 from shoal.data.format import open_dataset
@@ -128,6 +129,8 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
                if (size.label, place.workers, trial) not in finished]
     totals = [place.workers for place in grid_places]
     bar = _bar(len(pending), len(finished & _cells(sizes, totals, trials)), progress)
+    if not hosts and pending:  # each trial's workers come imported: the study's own import is not timed either
+        forkserver.start()
     try:
         for trial, size, place in pending:
             where = f" on {place.nodes} host(s)" if hosts else ""
@@ -139,6 +142,7 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
             write_trials(out, done)
             bar.update()
     finally:
+        forkserver.stop()
         bar.close()
     return done
 

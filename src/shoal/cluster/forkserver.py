@@ -40,6 +40,7 @@ from shoal.cluster.orphan import LAUNCHER_VARIABLE
 
 MODULE = "shoal.cluster.forkserver"
 STAND_IN = "shoal.cluster.standin"
+WORKER_MODULE = "shoal.worker"  # what shoal's launcher starts (a string: the module is imported by the server only)
 BACKLOG = 256  # stand-ins waiting while the server imports: a machine's workers, and more
 REQUEST_SECONDS = 10.0  # a stand-in sends its request at once; one that stalls is dropped
 LARGEST_REQUEST = 64 << 20  # bytes: arguments and an environment, with room to spare
@@ -97,7 +98,7 @@ class ForkServer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def start(module: str) -> ForkServer | None:
+def start(module: str = WORKER_MODULE) -> ForkServer | None:
     """Start this process's fork server for `module` (one at a time); None where it cannot (a temporary
     folder whose path is too long for a socket), and the workers start on their own."""
     global _running

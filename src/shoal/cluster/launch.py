@@ -33,7 +33,7 @@ from shoal.errors import EXIT_USAGE, WorkerError, lost_peer
 from shoal.events import WorkerFailed
 
 SHUTDOWN_SECONDS = 5  # after SIGTERM, how long workers get before SIGKILL
-WORKER_MODULE = "shoal.worker"
+WORKER_MODULE = forkserver.WORKER_MODULE
 
 
 def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezvous: RendezvousHandler,
