@@ -130,7 +130,9 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
     totals = [place.workers for place in grid_places]
     bar = _bar(len(pending), len(finished & _cells(sizes, totals, trials)), progress)
     if not hosts and pending:  # each trial's workers come imported: the study's own import is not timed either
-        forkserver.start()
+        server = forkserver.start()
+        if server is not None:
+            server.wait_ready()
     try:
         for trial, size, place in pending:
             where = f" on {place.nodes} host(s)" if hosts else ""

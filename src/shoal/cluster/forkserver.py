@@ -25,7 +25,9 @@ import contextlib
 import importlib
 import json
 import os
+import resource
 import runpy
+import select
 import selectors
 import shutil
 import signal
@@ -49,6 +51,7 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 NUMBER = struct.Struct("!q")  # a length, a pid or an exit status (negative: the signal that ended it)
 STREAMS = (0, 1, 2)
 STOP = b"s"  # the launcher's word on the control pipe: done, end any worker left (bare EOF: the launcher is gone)
+READY = b"r"  # the server's word: imported, forking
 
 _running: ForkServer | None = None
 
@@ -61,6 +64,7 @@ class ForkServer:
         self.folder = tempfile.mkdtemp(prefix="shoal-forkserver-")  # mode 0700: no other user may ask it for workers
         self.path = os.path.join(self.folder, "socket")
         control, self.control = os.pipe()  # the server's end reads EOF once this process ends, however it ends
+        self.ready, ready = os.pipe()  # the server writes READY once it has imported the module
         try:
             # listening from here on: a stand-in that comes before the server has started waits in the backlog
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
@@ -68,21 +72,37 @@ class ForkServer:
                 listener.listen(BACKLOG)
                 # a session of its own: the terminal's Ctrl-C is for the launcher to pass on
                 self.process = subprocess.Popen(
-                    [sys.executable, "-u", "-m", MODULE, str(listener.fileno()), str(control), module],
-                    stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=[listener.fileno(), control])
+                    [sys.executable, "-u", "-m", MODULE, str(listener.fileno()), str(control), str(ready), module],
+                    stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=[listener.fileno(), control, ready])
         except BaseException:
             os.close(self.control)
+            os.close(self.ready)
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
         finally:
             os.close(control)
+            os.close(ready)
 
     def arguments(self, worker: list[str]) -> list[str]:
         """The interpreter arguments that start one worker (`worker`: the module's own arguments) from here."""
         return ["-u", "-m", STAND_IN, self.path, self.module, *worker]
 
+    def wait_ready(self, timeout: float = 120.0) -> bool:
+        """Wait until the server has imported its module (or given up: False), so that the next worker starts
+        forked at once (a scaling study's first trial must not hold the import its others do not)."""
+        if self.ready is None:
+            return False
+        readable, _, _ = select.select([self.ready], [], [], timeout)
+        answer = os.read(self.ready, 1) if readable else b""
+        os.close(self.ready)
+        self.ready = None
+        return answer == READY
+
     def close(self) -> None:
         """Stop the server (killing any worker still forked from it) and remove its folder."""
+        if self.ready is not None:
+            os.close(self.ready)
+            self.ready = None
         if self.control is not None:
             with contextlib.suppress(OSError):
                 os.write(self.control, STOP)
@@ -122,9 +142,9 @@ def stop() -> None:
 # --- the server --------------------------------------------------------------------------------------
 
 
-def serve(listening: int, control: int, module: str) -> None:
+def serve(listening: int, control: int, ready: int, module: str) -> None:
     """Import `module`, then fork a worker per request on the socket `listening` (a descriptor) until the
-    launcher closes `control`."""
+    launcher closes `control`; READY on `ready` once imported."""
     listener = socket.socket(fileno=listening)
     folder = os.path.dirname(listener.getsockname())
     try:
@@ -134,6 +154,9 @@ def serve(listening: int, control: int, module: str) -> None:
         _forget(module)
         for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(number, signal.SIG_IGN)  # meant for the job's processes; the launcher says when to end
+        with contextlib.suppress(OSError):
+            os.write(ready, READY)
+        os.close(ready)
         Server(listener, control, module).loop()
     finally:
         listener.close()
@@ -180,7 +203,8 @@ class Server:
     def loop(self) -> None:
         while self.serving:
             for key, _ in self.selector.select():
-                key.data(key.fileobj)
+                if self.serving:  # not after the launcher's word, in the same round
+                    key.data(key.fileobj)
 
     def told(self, control: int) -> None:
         """The launcher is done (STOP) or gone (EOF): the server ends, and the workers it was told to stop."""
@@ -189,7 +213,10 @@ class Server:
         self.serving = False
 
     def accept(self, listener: socket.socket) -> None:
-        connection, _ = listener.accept()
+        try:
+            connection, _ = listener.accept()
+        except OSError:  # out of descriptors, say: the stand-in, refused, runs its worker itself
+            return
         try:
             connection.settimeout(REQUEST_SECONDS)
             _check_same_user(connection)
@@ -197,18 +224,40 @@ class Server:
         except (OSError, ValueError, KeyError, TypeError, MemoryError):  # not a stand-in's request
             connection.close()
             return
-        pid = os.fork()
-        if pid == 0:
-            self.become_worker(request, streams, connection)
         try:
+            pid = self.fork(request, streams, connection)
+        finally:
             for descriptor in streams.values():
                 os.close(descriptor)
+        if pid is None:
+            connection.close()
+            return
+        try:
             connection.settimeout(None)
             self.watch(pid, connection)
             connection.sendall(NUMBER.pack(pid))
         except OSError:  # the stand-in is gone already, or the worker cannot be watched: it goes
             self.workers.setdefault(pid, (connection, -1))
             self.abandoned(pid, connection)
+
+    def fork(self, request: dict, streams: dict[int, int], connection: socket.socket) -> int | None:
+        """The worker's pid once it leads its own process group with the stand-in's signal dispositions (a
+        signal passed on before then would miss it); None where no process could be forked."""
+        readable, writable = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(readable)
+            os.close(writable)
+            return None
+        if pid == 0:
+            os.close(readable)
+            self.become_worker(request, streams, connection, writable)
+        os.close(writable)
+        with contextlib.suppress(OSError):
+            os.read(readable, 1)  # its word, or EOF: it died first
+        os.close(readable)
+        return pid
 
     def watch(self, pid: int, connection: socket.socket) -> None:
         pidfd = os.pidfd_open(pid)
@@ -226,6 +275,8 @@ class Server:
                 self.ended(pid)
 
     def ended(self, pid: int) -> None:
+        if pid not in self.workers:  # reaped already (killed when the launcher said STOP)
+            return
         _, status = os.waitpid(pid, 0)
         connection, pidfd = self.workers.pop(pid)
         for watched in (connection, pidfd):
@@ -243,28 +294,32 @@ class Server:
             _kill_group(pid)
             self.ended(pid)
 
-    def become_worker(self, request: dict, streams: dict[int, int], connection: socket.socket) -> None:
-        """In the forked child: take the stand-in's streams and the rest, then run the module as `python -m`
-        would. Never returns."""
+    def become_worker(self, request: dict, streams: dict[int, int], connection: socket.socket,
+                      ready: int) -> None:
+        """In the forked child: take the stand-in's streams and the rest, say so on `ready`, then run the module
+        as `python -m` would. Never returns: whatever happens, the child must not go back into the server."""
         status = 1
         try:
-            os.setsid()  # a process group of its own, as torch's agent starts its workers
-            for number in STREAMS:
-                if number in streams:
-                    os.dup2(streams[number], number)
-                else:
-                    os.close(number)
-            for descriptor in streams.values():
-                os.close(descriptor)
-            self._close_server(connection)
-            _take_over(request, self.pid)
-            status = run_as_main(self.module, request["arguments"])
-        except KeyboardInterrupt:
-            status = -signal.SIGINT  # as an interpreter ends on an uncaught Ctrl-C
-        except BaseException:  # noqa: BLE001 - whatever happened, the child must not return into the server
-            sys.excepthook(*sys.exc_info())
-        finally:
+            try:
+                os.setsid()  # a process group of its own, as torch's agent starts its workers
+                for number in STREAMS:
+                    if number in streams:
+                        os.dup2(streams[number], number)
+                    else:
+                        os.close(number)
+                for descriptor in streams.values():
+                    os.close(descriptor)
+                self._close_server(connection)
+                _take_over(request, self.pid)
+                os.write(ready, READY)
+                os.close(ready)
+                status = run_as_main(self.module, request["arguments"])
+            except KeyboardInterrupt:
+                status = -signal.SIGINT  # as an interpreter ends on an uncaught Ctrl-C
+            except BaseException:  # noqa: BLE001
+                sys.excepthook(*sys.exc_info())
             _finish()
+        finally:
             exit_as(status)
 
     def _close_server(self, connection: socket.socket) -> None:
@@ -280,8 +335,10 @@ class Server:
 
 
 def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+    """SIGKILL the worker `pid` (not yet reaped, so the pid is still its) and its process group."""
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
 
 
 def _check_same_user(connection: socket.socket) -> None:
@@ -311,7 +368,7 @@ def run_as_main(module: str, arguments: list[str]) -> int:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exit:
         if exit.code is None or isinstance(exit.code, int):
-            return exit.code or 0
+            return (exit.code or 0) & 0xFF  # as the system keeps it: exit(-1) is 255
         print(exit.code, file=sys.stderr)
         return 1
     return 0
@@ -329,13 +386,16 @@ def _finish() -> None:
 
 
 def exit_as(status: int) -> None:
-    """Exit with `status`, or be killed by the signal -`status`, as the worker did."""
-    if status < 0:
-        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no disposition to reset
-            signal.signal(-status, signal.SIG_DFL)
-        os.kill(os.getpid(), -status)
-        status = 128 - status  # a signal that does not end a process by default
-    os._exit(status)
+    """Exit with `status`, or be killed by the signal -`status`, as the worker was."""
+    try:
+        if status < 0:
+            with contextlib.suppress(OSError, ValueError):
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the worker dumped its core, if any: not again
+                signal.signal(-status, signal.SIG_DFL)  # (SIGKILL has no disposition to reset)
+            os.kill(os.getpid(), -status)
+            status = 128 - status  # a signal that does not end a process by default
+    finally:
+        os._exit(status)
 
 
 # --- the request, as a stand-in sends it and the server reads it -------------------------------------
@@ -392,10 +452,10 @@ def _is_open(descriptor: int) -> bool:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        print(f"usage: python -m {MODULE} LISTENING_DESCRIPTOR CONTROL_DESCRIPTOR MODULE (started by shoal train)",
+    if len(sys.argv) != 5:
+        print(f"usage: python -m {MODULE} LISTENING CONTROL READY MODULE (descriptors; started by shoal train)",
               file=sys.stderr)
         sys.exit(2)
-    serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     sys.stderr.flush()
     os._exit(0)  # no teardown of what it imported (a second, with torch): it ran nothing

@@ -46,8 +46,11 @@ def forward_signals(pid: int) -> None:
     """What the stand-in is sent (and was not told to ignore), the worker's process group gets."""
 
     def forward(number, _frame) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        try:
             os.killpg(pid, number)
+        except (ProcessLookupError, PermissionError):  # its group is gone; the worker itself may not be
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, number)
 
     for number in FORWARDED:
         if signal.getsignal(number) != signal.SIG_IGN:

@@ -207,3 +207,19 @@ def test_no_server_where_the_temporary_folder_is_too_deep_for_a_socket(tmp_path,
     monkeypatch.setattr(tempfile, "tempdir", str(deep))
     assert forkserver.start(MODULE) is None and forkserver.running() is None
     assert list(deep.iterdir()) == []
+
+
+def test_an_exit_status_is_kept_as_the_system_keeps_it(server, tmp_path):
+    process = stand_in(server, "exit", "-1", folder=tmp_path)
+    reported(process)
+    assert process.wait(timeout=TIMEOUT) == 255  # as `python -m` would end: not "killed by SIGHUP"
+
+
+def test_the_server_says_when_it_has_imported_or_given_up(server):
+    assert server.wait_ready(timeout=TIMEOUT)
+    failing = forkserver.ForkServer("tests.support.no_such_module")  # its import fails: the server ends
+    try:
+        assert not failing.wait_ready(timeout=TIMEOUT)
+    finally:
+        failing.close()
+    assert not os.path.exists(failing.folder)
