@@ -86,6 +86,11 @@ WORKLOADS = {False: "one epoch, no checkpoint",
              True: "two epochs, a checkpoint after each, rank 1 killed (SIGKILL) halfway through the second"}
 
 
+def median_and_runs(runs: list[tuple[float, ...]], index: int) -> str:
+    """Two table cells: the median of each run's `index`-th timing, and every run's."""
+    return f"{median([run[index] for run in runs]):.2f} | {', '.join(f'{run[index]:.2f}' for run in runs)}"
+
+
 def report(results: dict, args, info: dict) -> str:
     lines = [
         "# start-up: a tiny job's fixed cost", "",
@@ -99,11 +104,8 @@ def report(results: dict, args, info: dict) -> str:
         "| --- | --- | --- | --- |" + (" --- | --- |" if args.restart else ""),
     ]
     for name, runs in results.items():
-        row = (f"| {name} | {median([r[0] for r in runs]):.2f} | {median([r[1] for r in runs]):.2f} | "
-               f"{', '.join(f'{r[1]:.2f}' for r in runs)} |")
-        if args.restart:
-            row += f" {median([r[2] for r in runs]):.2f} | {', '.join(f'{r[2]:.2f}' for r in runs)} |"
-        lines.append(row)
+        lines.append(f"| {name} | {median([r[0] for r in runs]):.2f} | {median_and_runs(runs, 1)} |"
+                     + (f" {median_and_runs(runs, 2)} |" if args.restart else ""))
     if len(results) == 2:
         (new, new_runs), (old, old_runs) = results.items()
         ratio = median([r[1] for r in new_runs]) / median([r[1] for r in old_runs])

@@ -14,12 +14,17 @@ import os
 import sys
 
 
-def end_process(status: int) -> None:
-    """Flush standard output, standard error and logging, then exit with `status` without teardown."""
+def flush_output() -> None:
+    """Flush standard output and standard error, as far as they still can be."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed or broken pipe: nothing more can be written anyway
             pass
+
+
+def end_process(status: int) -> None:
+    """Flush standard output, standard error and logging, then exit with `status` without teardown."""
+    flush_output()
     logging.shutdown()
     os._exit(status)

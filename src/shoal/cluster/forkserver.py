@@ -39,6 +39,7 @@ import tempfile
 import threading
 
 from shoal.cluster.orphan import LAUNCHER_VARIABLE
+from shoal.process import end_process, flush_output
 
 MODULE = "shoal.cluster.forkserver"
 STAND_IN = "shoal.cluster.standin"
@@ -237,8 +238,12 @@ class Server:
             self.watch(pid, connection)
             connection.sendall(NUMBER.pack(pid))
         except OSError:  # the stand-in is gone already, or the worker cannot be watched: it goes
-            self.workers.setdefault(pid, (connection, -1))
-            self.abandoned(pid, connection)
+            if pid in self.workers:
+                self.abandoned(pid, connection)
+            else:  # never watched: killed and reaped here
+                signal_worker(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                connection.close()
 
     def fork(self, request: dict, streams: dict[int, int], connection: socket.socket) -> int | None:
         """The worker's pid once it leads its own process group with the stand-in's signal dispositions (a
@@ -270,9 +275,7 @@ class Server:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(connection)
         if pid in self.workers:  # not yet reaped, so the pid is still its
-            _kill_group(pid)
-            if self.workers[pid][1] < 0:  # never watched: reaped here
-                self.ended(pid)
+            signal_worker(pid, signal.SIGKILL)
 
     def ended(self, pid: int) -> None:
         if pid not in self.workers:  # reaped already (killed when the launcher said STOP)
@@ -285,13 +288,12 @@ class Server:
         with contextlib.suppress(OSError):
             connection.sendall(NUMBER.pack(os.waitstatus_to_exitcode(status)))
         connection.close()
-        if pidfd >= 0:
-            os.close(pidfd)
+        os.close(pidfd)
 
     def kill_workers(self) -> None:
         """SIGKILL every worker left (the launcher gave them their time), and tell each stand-in so."""
         for pid in list(self.workers):
-            _kill_group(pid)
+            signal_worker(pid, signal.SIGKILL)
             self.ended(pid)
 
     def become_worker(self, request: dict, streams: dict[int, int], connection: socket.socket,
@@ -326,19 +328,21 @@ class Server:
         """The child holds none of the server's descriptors, or a stand-in would not see its server end."""
         for other, pidfd in self.workers.values():
             other.close()
-            if pidfd >= 0:
-                os.close(pidfd)
+            os.close(pidfd)
         connection.close()
         self.selector.close()
         self.listener.close()
         os.close(self.control)
 
 
-def _kill_group(pid: int) -> None:
-    """SIGKILL the worker `pid` (not yet reaped, so the pid is still its) and its process group."""
-    for kill in (os.killpg, os.kill):
+def signal_worker(pid: int, number: int) -> None:
+    """Send `number` to the worker `pid`'s process group, as torch's agent signals its workers; to the worker
+    alone where that group is gone or not yet made (a child between its fork and its setsid)."""
+    try:
+        os.killpg(pid, number)
+    except (ProcessLookupError, PermissionError):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            kill(pid, signal.SIGKILL)
+            os.kill(pid, number)
 
 
 def _check_same_user(connection: socket.socket) -> None:
@@ -375,19 +379,17 @@ def run_as_main(module: str, arguments: list[str]) -> int:
 
 
 def _finish() -> None:
-    """What an interpreter does on its way out, short of tearing down its modules: wait for its threads,
-    run its exit functions (a share cache's folder is removed by one), flush its streams."""
+    """What an interpreter does on its way out, short of tearing down its modules: wait for its threads and
+    run its exit functions (a share cache's folder is removed by one); exit_as flushes its streams."""
     with contextlib.suppress(Exception):
         threading._shutdown()  # noqa: SLF001 - the interpreter's own step, which os._exit skips
     atexit._run_exitfuncs()  # noqa: SLF001
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
 
 
 def exit_as(status: int) -> None:
     """Exit with `status`, or be killed by the signal -`status`, as the worker was."""
     try:
+        flush_output()
         if status < 0:
             with contextlib.suppress(OSError, ValueError):
                 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the worker dumped its core, if any: not again
@@ -457,5 +459,4 @@ if __name__ == "__main__":
               file=sys.stderr)
         sys.exit(2)
     serve(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
-    sys.stderr.flush()
-    os._exit(0)  # no teardown of what it imported (a second, with torch): it ran nothing
+    end_process(0)  # no teardown of what it imported (a second, with torch): it ran nothing

@@ -124,17 +124,21 @@ def stop_workers(number: int = signal.SIGTERM) -> int:
     A stopped or wedged worker ignores SIGTERM and the agent, seeing it alive, would wait for ever:
     the caller sends SIGKILL after SHUTDOWN_SECONDS."""
     count = 0
-    server = forkserver.running()
     for child in psutil.Process().children():
-        if server is not None and child.pid == server.process.pid:  # it forks the workers, and goes when told
-            continue
         try:
-            if WORKER_MODULE in " ".join(child.cmdline()):
+            if _runs_a_worker(child.cmdline()):
                 child.send_signal(number)
                 count += 1
         except psutil.Error:  # ended meanwhile
             continue
     return count
+
+
+def _runs_a_worker(command: list[str]) -> bool:
+    """Whether a child's command line runs the worker module or a worker's stand-in (the fork server's names the
+    worker module too, but as the module it imports: it goes when its launcher tells it)."""
+    modules = {command[index + 1] for index, word in enumerate(command[:-1]) if word == "-m"}
+    return bool(modules & {WORKER_MODULE, forkserver.STAND_IN})
 
 
 def _wrote_error(failure) -> bool:

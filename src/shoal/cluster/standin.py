@@ -10,14 +10,13 @@ reached, it is the worker itself.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import signal
 import socket
 import sys
 
-from shoal.cluster.forkserver import FORWARDED, exit_as, receive_number, run_as_main, send_request
+from shoal.cluster.forkserver import FORWARDED, exit_as, receive_number, run_as_main, send_request, signal_worker
 from shoal.cluster.orphan import ORPHAN_EXIT, under_shoal_launcher
 
 ORPHAN_SECONDS = 5.0  # a worker whose server ended stops within a second or so (shoal.cluster.orphan)
@@ -45,16 +44,9 @@ def stand_in(path: str, module: str, arguments: list[str]) -> int:
 def forward_signals(pid: int) -> None:
     """What the stand-in is sent (and was not told to ignore), the worker's process group gets."""
 
-    def forward(number, _frame) -> None:
-        try:
-            os.killpg(pid, number)
-        except (ProcessLookupError, PermissionError):  # its group is gone; the worker itself may not be
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, number)
-
     for number in FORWARDED:
         if signal.getsignal(number) != signal.SIG_IGN:
-            signal.signal(number, forward)
+            signal.signal(number, lambda number, _frame: signal_worker(pid, number))
 
 
 def outlived(pid: int) -> int:
@@ -67,8 +59,7 @@ def outlived(pid: int) -> int:
     try:
         ready, _, _ = select.select([pidfd], [], [], ORPHAN_SECONDS)
         if not ready:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
+            signal_worker(pid, signal.SIGKILL)
             select.select([pidfd], [], [], ORPHAN_SECONDS)
     finally:
         os.close(pidfd)
