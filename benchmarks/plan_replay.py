@@ -8,6 +8,11 @@ job. This script plans each measured job again from those profiles, as `benchmar
 against the same median run. The epochs were measured by the shoal of their day; only the
 model is today's. Results measured before profiles were kept per calibration are left out.
 
+It also measures the measurement: each result's passes split in two (odd and even), each half's
+median run taken as a measurement of the same job in the same hour, and scored against the other
+half's and against today's model planned from the half's own calibrations. No model can be shown
+closer to the measurement than the measurement repeats.
+
     .venv/bin/python -m benchmarks.plan_replay             # writes benchmarks/results/<date>-...-plan-replay.md
     .venv/bin/python -m benchmarks.plan_replay --print     # the same, printed only
 """
@@ -64,12 +69,28 @@ def replayed(result: Path) -> list[dict] | None:
     first_link = next(iter(profiles))[0]  # one-host rows ran on the first link's cluster, with its calibrations
     rows = []
     for row in (row for row in results if "error" in row):
-        link = first_link if row["rate"] == "-" else row["rate"]
-        profile = median_profile(profiles[(link, row["model"])])
-        now = predict(shape_of(row), Layout(row["nodes"], 1), profile.compute, profile.network)
+        calibrations = profiles[(first_link if row["rate"] == "-" else row["rate"], row["model"])]
+        now = planned(row, calibrations)
         rows.append({**row, "replayed": now.epoch_seconds, "replayed_error": now.epoch_seconds / row["measured"] - 1,
-                     **at_pace(row, now)})
+                     **at_pace(row, now), **by_halves(row, calibrations)})
     return rows
+
+
+def planned(row: dict, calibrations: list) -> Prediction:
+    """Today's prediction of `row`'s job from the median of `calibrations`, as benchmarks.plan plans."""
+    profile = median_profile(calibrations)
+    return predict(shape_of(row), Layout(row["nodes"], 1), profile.compute, profile.network)
+
+
+def by_halves(row: dict, calibrations: list) -> dict:
+    """For a job run after every calibration (at least FEWEST_RUNS), the benchmark done twice: the alternate
+    passes' calibrations planned and their runs measured, odd passes apart from even ones."""
+    runs = row.get("runs", [])
+    if len(runs) < FEWEST_RUNS or len(runs) != len(calibrations):
+        return {}
+    return {"half_predictions": [planned(row, calibrations[0::2]).epoch_seconds,
+                                 planned(row, calibrations[1::2]).epoch_seconds],
+            "half_measurements": [statistics.median(runs[0::2]), statistics.median(runs[1::2])]}
 
 
 def at_pace(row: dict, now: Prediction) -> dict:
@@ -104,21 +125,66 @@ def report(replays: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+KINDS = {"one host": lambda row: row["nodes"] == 1,
+         "two hosts, sync": lambda row: row["nodes"] == 2 and row["algorithm"] == "sync",
+         "two hosts, averaging": lambda row: row["nodes"] == 2 and row["algorithm"] == "averaging",
+         "two hosts, downpour": lambda row: row["algorithm"] == "downpour",
+         # the same two-host rows again, by link: mostly transfer on the slow links, mostly compute on the fast one
+         "two hosts, 10 or 100 Mbit/s": lambda row: row["rate"] in ("10mbit", "100mbit"),
+         "two hosts, 1 Gbit/s": lambda row: row["rate"] == "1gbit"}
+FEWEST_RUNS = 4  # a row's runs split in two halves of at least two
+
+
 def by_kind(replays: dict[str, list[dict]]) -> str:
     """Today's errors by kind of row: where the model is biased, the mean shows it; where the machine is, the
     spread does."""
     every = [row for rows in replays.values() for row in rows]
-    kinds = {"one host": lambda row: row["nodes"] == 1,
-             "two hosts, sync": lambda row: row["nodes"] == 2 and row["algorithm"] == "sync",
-             "two hosts, averaging": lambda row: row["nodes"] == 2 and row["algorithm"] == "averaging",
-             "two hosts, downpour": lambda row: row["algorithm"] == "downpour"}
     lines = ["| rows | count | mean error | within 15% |", "| --- | ---: | ---: | ---: |"]
-    for kind, chosen in kinds.items():
+    for kind, chosen in KINDS.items():
         errors = [row["replayed_error"] for row in every if chosen(row)]
         if errors:
             lines.append(f"| {kind} | {len(errors)} | {statistics.mean(errors):+.1%} | "
                          f"{sum(abs(error) <= GOAL for error in errors)}/{len(errors)} |")
     return "\n".join(lines)
+
+
+def within(guess: float, measured: float) -> bool:
+    return abs(guess / measured - 1) <= GOAL
+
+
+def against_itself(replays: dict[str, list[dict]]) -> str:
+    """The benchmark done twice within each result (odd passes, even passes), each half's median run taken as the
+    measurement: the other half's median run as a prediction (how far the measurement repeats), and today's model
+    planned from the half's own calibrations (the benchmark's score). A model cannot be judged more finely than
+    the measurement repeats."""
+    split = {name: [row for row in rows if "half_predictions" in row] for name, rows in replays.items()}
+    every = [row for rows in split.values() for row in rows]
+    if not every:
+        return "No result has rows run after every calibration, four or more times, yet."
+    lines = ["| rows | count | the other half's median run within 15% | today's model from the half's calibrations "
+             "within 15% |", "| --- | ---: | ---: | ---: |"]
+    for kind, chosen in [*KINDS.items(), ("**all**", lambda row: True)]:
+        rows = [row for row in every if chosen(row)]
+        if rows:
+            lines.append(f"| {kind} | {len(rows)} | {_half_score(rows, repeat=True)} | "
+                         f"{_half_score(rows, repeat=False)} |")
+    measured = [name for name, rows in split.items() if rows]
+    steady = [name for name in measured if all(_agree(row, repeat=True) == 2 for row in split[name])]
+    return ("\n".join(lines) + f"\n\nResults in which every row's two halves agree within 15% both ways: "
+            f"{len(steady)} of {len(measured)}{' (' + ', '.join(steady) + ')' if steady else ''}.")
+
+
+def _agree(row: dict, repeat: bool) -> int:
+    """Of the row's two halves, how many are within GOAL of their guess: the other half's median run (`repeat`),
+    or today's model planned from the half's own calibrations."""
+    measured = row["half_measurements"]
+    guesses = measured[::-1] if repeat else row["half_predictions"]
+    return sum(within(guess, actual) for guess, actual in zip(guesses, measured))
+
+
+def _half_score(rows: list[dict], repeat: bool) -> str:
+    hits = sum(_agree(row, repeat) for row in rows)
+    return f"{hits}/{2 * len(rows)} ({hits / (2 * len(rows)):.0%})"
 
 
 def paced(replays: dict[str, list[dict]]) -> str:
@@ -158,6 +224,13 @@ Today's errors by kind of row (all results; negative: under-predicted):
 {by_kind(replays)}
 
 {paced(replays)}
+
+The measurement against itself: each result's benchmark split in two, its odd passes (each a calibration and a
+run of every short job) apart from its even ones, for the jobs run in every pass ({FEWEST_RUNS} or more times). Each
+half's median run is taken in turn as the measurement: the other half's median run is a second measurement of the
+same job in the same hour, and today's model is planned from the half's own calibrations' median.
+
+{against_itself(replays)}
 
 Left out (profiles not kept per calibration): {", ".join(skipped) or "none"}.
 """

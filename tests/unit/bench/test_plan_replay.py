@@ -74,3 +74,34 @@ def test_a_row_timed_for_pace_is_also_scored_at_that_pace_with_todays_model(tmp_
         (now.compute_seconds * 1.5 + now.communication_seconds) / 0.5 - 1)
     line = plan_replay.paced({"r": [plain, timed]})
     assert "timed for pace: 1." in line and plan_replay.score([timed["replayed_error_at_pace"]]) in line
+
+
+def test_a_job_run_after_every_calibration_is_planned_and_measured_again_by_halves(tmp_path):
+    steps = [1e-3, 3e-3, 2e-3, 5e-3, 4e-3]  # calibrations in the order run: odd passes 1, 2, 4 ms; even 3, 5 ms
+    runs = [0.50, 0.70, 0.52, 0.90, 0.60]  # the job's run after each: odd passes' median 0.52, even ones' 0.80
+    measured = {"rows": 10_000, "model": "784-40-10", "batch": 128, "measured": 0.60, "error": 0.0, "rate": "1gbit",
+                "algorithm": "sync", "nodes": 2, "runs": runs}
+    result = tmp_path / "2026-01-01-2core-cpu-plan.json"
+    result.write_text(json.dumps({"results": [
+        measured, {**measured, "runs": runs[:3]},  # too few runs to split
+        *({"profile": profile(step, 1e8), "rate": "1gbit", "model": "784-40-10", "calibration": run}
+          for run, step in enumerate(steps))]}))
+    split, unsplit = plan_replay.replayed(result)
+    assert "half_predictions" not in unsplit
+    assert split["half_measurements"] == [0.52, 0.80]
+    for half, chosen in zip(split["half_predictions"], (steps[0::2], steps[1::2])):
+        middle = median_profile([(tmp_path, profile_from(profile(step, 1e8), tmp_path)) for step in chosen])
+        assert half == pytest.approx(predict(plan_replay.shape_of(measured), Layout(2, 1), middle.compute,
+                                             middle.network).epoch_seconds)
+    # 0.80 against 0.52 and back: neither half within 15% of the other
+    assert plan_replay._agree(split, repeat=True) == 0
+    table = plan_replay.against_itself({"r": [split, unsplit]})
+    assert "| two hosts, sync | 1 | 0/2 (0%) |" in table and "agree within 15% both ways: 0 of 1" in table
+
+
+def test_halves_that_agree_count_their_result_as_steady():
+    row = {"nodes": 1, "algorithm": "sync", "rate": "-", "half_measurements": [1.0, 1.1],
+           "half_predictions": [1.0, 1.5]}
+    assert plan_replay._agree(row, repeat=True) == 2 and plan_replay._agree(row, repeat=False) == 1
+    table = plan_replay.against_itself({"steady": [row]})
+    assert "| one host | 1 | 2/2 (100%) | 1/2 (50%) |" in table and "both ways: 1 of 1 (steady)" in table
