@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 from pathlib import Path
@@ -31,7 +32,7 @@ from shoal.algorithms import options_class
 from shoal.config import drop_none
 from shoal.plan.median import median_profile
 from shoal.plan.predict import Layout, Prediction, Shape, predict
-from shoal.plan.profile import profile_from
+from shoal.plan.profile import Profile, profile_from
 
 INPUTS, CLASSES = 784, 10  # benchmarks.plan's digits
 
@@ -67,29 +68,44 @@ def replayed(result: Path) -> list[dict] | None:
     if not profiles:
         return None
     first_link = next(iter(profiles))[0]  # one-host rows ran on the first link's cluster, with its calibrations
+    medians = {key: Medians(calibrations) for key, calibrations in profiles.items()}
     rows = []
     for row in (row for row in results if "error" in row):
-        calibrations = profiles[(first_link if row["rate"] == "-" else row["rate"], row["model"])]
-        now = planned(row, calibrations)
+        median = medians[(first_link if row["rate"] == "-" else row["rate"], row["model"])]
+        now = planned(row, median.every)
         rows.append({**row, "replayed": now.epoch_seconds, "replayed_error": now.epoch_seconds / row["measured"] - 1,
-                     **at_pace(row, now), **by_halves(row, calibrations)})
+                     **at_pace(row, now), **by_halves(row, median)})
     return rows
 
 
-def planned(row: dict, calibrations: list) -> Prediction:
-    """Today's prediction of `row`'s job from the median of `calibrations`, as benchmarks.plan plans."""
-    profile = median_profile(calibrations)
+class Medians:
+    """A link's calibrations of a model, combined as benchmarks.plan combines them: all of them, and (for the
+    benchmark done twice) its odd passes' apart from its even ones'. Each median is taken once, when first asked."""
+
+    def __init__(self, calibrations: list):
+        self.calibrations = calibrations
+
+    @functools.cached_property
+    def every(self) -> Profile:
+        return median_profile(self.calibrations)
+
+    @functools.cached_property
+    def halves(self) -> tuple[Profile, Profile]:
+        return median_profile(self.calibrations[0::2]), median_profile(self.calibrations[1::2])
+
+
+def planned(row: dict, profile: Profile) -> Prediction:
+    """Today's prediction of `row`'s job from `profile`, as benchmarks.plan plans."""
     return predict(shape_of(row), Layout(row["nodes"], 1), profile.compute, profile.network)
 
 
-def by_halves(row: dict, calibrations: list) -> dict:
+def by_halves(row: dict, median: Medians) -> dict:
     """For a job run after every calibration (at least FEWEST_RUNS), the benchmark done twice: the alternate
     passes' calibrations planned and their runs measured, odd passes apart from even ones."""
     runs = row.get("runs", [])
-    if len(runs) < FEWEST_RUNS or len(runs) != len(calibrations):
+    if len(runs) < FEWEST_RUNS or len(runs) != len(median.calibrations):
         return {}
-    return {"half_predictions": [planned(row, calibrations[0::2]).epoch_seconds,
-                                 planned(row, calibrations[1::2]).epoch_seconds],
+    return {"half_predictions": [planned(row, half).epoch_seconds for half in median.halves],
             "half_measurements": [statistics.median(runs[0::2]), statistics.median(runs[1::2])]}
 
 

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from typing import NoReturn
 
 from shoal.cluster.orphan import LAUNCHER_VARIABLE
 from shoal.process import end_process, flush_output
@@ -95,15 +96,18 @@ class ForkServer:
             return False
         readable, _, _ = select.select([self.ready], [], [], timeout)
         answer = os.read(self.ready, 1) if readable else b""
-        os.close(self.ready)
-        self.ready = None
+        self._close_ready_pipe()
         return answer == READY
 
-    def close(self) -> None:
-        """Stop the server (killing any worker still forked from it) and remove its folder."""
+    def _close_ready_pipe(self) -> None:
+        """Close the end the server's READY comes on (asked once, or not at all)."""
         if self.ready is not None:
             os.close(self.ready)
             self.ready = None
+
+    def close(self) -> None:
+        """Stop the server (killing any worker still forked from it) and remove its folder."""
+        self._close_ready_pipe()
         if self.control is not None:
             with contextlib.suppress(OSError):
                 os.write(self.control, STOP)
@@ -386,7 +390,7 @@ def _finish() -> None:
     atexit._run_exitfuncs()  # noqa: SLF001
 
 
-def exit_as(status: int) -> None:
+def exit_as(status: int) -> NoReturn:
     """Exit with `status`, or be killed by the signal -`status`, as the worker was."""
     try:
         flush_output()

@@ -38,12 +38,10 @@ def stand_in(path: str, module: str, arguments: list[str]) -> int:
     except OSError:  # the server ended first (its launcher is gone)
         status = outlived(pid)
     exit_as(status)
-    return status
 
 
 def forward_signals(pid: int) -> None:
     """What the stand-in is sent (and was not told to ignore), the worker's process group gets."""
-
     for number in FORWARDED:
         if signal.getsignal(number) != signal.SIG_IGN:
             signal.signal(number, lambda number, _frame: signal_worker(pid, number))
