@@ -55,6 +55,13 @@ def _helper(process: psutil.Process) -> bool:
         return False
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """A test given project_env starts processes with it: `make check` leaves those out (-m "not processes")."""
+    for item in items:
+        if {"project_env", "project_env_module"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.processes)
+
+
 def _project_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")])

@@ -10,7 +10,7 @@ import torch
 
 from shoal.cluster.env import threads_per_worker
 from shoal.cluster.rendezvous import Nodes
-from shoal.config import JobConfig, apply_overrides, parse_override
+from shoal.config import ClusterConfig, JobConfig, apply_overrides, parse_override
 from shoal.errors import ConfigError
 from shoal.events import EVENTS_FILE, EpochEnd, read_history
 from shoal.fit_inputs import (
@@ -19,13 +19,14 @@ from shoal.fit_inputs import (
     PENDING,
     apply_arguments,
     base_table,
+    check_data_kept,
     datasets_on_disk,
     model_table,
     ship_callbacks,
     ship_model,
 )
 from shoal.jobs import from_dict, load_job
-from shoal.model import Trust, check_trusted
+from shoal.model import Trust, check_trusted, object_file
 from shoal.notebook import EpochRelay, in_notebook
 from shoal.supervisor import Plan, supervise
 from shoal.train.artifacts import load_model
@@ -33,7 +34,7 @@ from shoal.train.checkpoint import check_resumable
 from shoal.train.directory import JOB_FILE, check_new_run_dir, new_run_dir, write_job_file
 from shoal.train.lock import hold_run_dir
 from shoal.train.loggers import check_installed
-from shoal.train.prepare import check_world_size, prepare
+from shoal.train.prepare import check_device, check_world_size, prepare
 
 
 @dataclass
@@ -74,10 +75,14 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
     """
     nodes = nodes or Nodes()
     check_installed(job.output.loggers)
+    absolute_data_paths(job)
     with contextlib.ExitStack() as held:
         if resume:  # a run still going is turned away before its data is read
             held.enter_context(_hold(run_dir, nodes))
-        prepared = prepare(job)
+        if job.model.object:  # a shipped model is read from the run directory only: a missing one stops here
+            object_file(job.model.object, run_dir)
+        prepared = prepare(job, run_dir=run_dir)
+        check_device(job)
         world_size = job.cluster.workers * nodes.count
         check_world_size(job, world_size, prepared.train_set)
         if resume:
@@ -91,6 +96,19 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
         threads = threads_per_worker(job.cluster.threads, job.cluster.workers)
         supervise(Plan(job_file, run_dir, workers=job.cluster.workers, threads=threads, timeout=job.cluster.timeout,
                        max_restarts=max_restarts, resume=resume, callbacks=callbacks), nodes)
+
+
+def absolute_data_paths(job: JobConfig) -> None:
+    """The job's local data folders as absolute paths, as read from here: the run's job.toml keeps them,
+    so that a resume from another folder reads the same data. A URI is left as it is."""
+    data = job.data
+    data.train = _absolute(data.train)
+    data.test = _absolute(data.test)
+    data.cache_dir = _absolute(data.cache_dir)
+
+
+def _absolute(path: str | None) -> str | None:
+    return path if not path or "://" in path else str(Path(path).absolute())
 
 
 def _holds(nodes: Nodes) -> bool:
@@ -139,8 +157,8 @@ def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=N
             config.output.progress = "none"
         directory = new_run_dir(config, run_dir)
         with _removed_unless_started(directory), EpochRelay(directory) if relay else contextlib.nullcontext():
-            if config.model.object == PENDING:
-                config.model.object = ship_model(model, directory)
+            if config.model.object == PENDING:  # named relative to the run directory, where it is read from
+                config.model.object = Path(ship_model(model, directory)).name
             start(config, directory, max_restarts=max_restarts, callbacks=ship_callbacks(callbacks, directory))
     # the caller's own factory or model
     return result(directory, trust_code=config.model.factory or config.model.object or False)
@@ -183,9 +201,32 @@ def resumed_job(run_dir: str | Path, overrides=(), trust_code: bool = False) -> 
     if not job_file.exists():
         raise ConfigError(f"{run_dir}: no job.toml: not a shoal run directory")
     job = resolve_job(job_file, overrides)
+    check_data_kept(job, str(job_file))
     check_trusted({"factory": job.model.factory, "object": job.model.object, "loss": job.train.loss}, str(job_file),
                   trust_code or named_factory(overrides) or False)
     return job
+
+
+def given_keys(overrides) -> set[str]:
+    """The job keys the user gives on the command line (`--set cluster.remote=...`): their values are the user's."""
+    return {".".join(parse_override(text)[0]) for text in overrides}
+
+
+def check_trusted_hosts(job: JobConfig, run_dir: str | Path, overrides=(), trust_code: bool = False,
+                        hosts_given: bool = False) -> None:
+    """Refuse to start programs that a run directory's job.toml names: its cluster.remote runs a command here,
+    its cluster.hosts starts shoal on machines of its choosing. Either runs only on the user's word
+    (--trust-code), or when the user gives the value again (--set, or --hosts/--hostfile for the hosts)."""
+    if trust_code:
+        return
+    where, given = Path(run_dir) / JOB_FILE, given_keys(overrides)
+    advice = "pass --trust-code if you trust this run directory, or give it again"
+    if job.cluster.remote != ClusterConfig.remote and "cluster.remote" not in given:
+        raise ConfigError(f"{where}: cluster.remote {job.cluster.remote!r} would run that command here; {advice} "
+                          "(--set 'cluster.remote=...')")
+    if job.cluster.hosts and not hosts_given and "cluster.hosts" not in given:
+        raise ConfigError(f"{where}: cluster.hosts {job.cluster.hosts} would start shoal on those hosts through "
+                          f"{job.cluster.remote!r}; {advice} (--hosts)")
 
 
 def resume(run_dir: str | Path, *, overrides=(), max_restarts: int = 0, trust_code: bool = False) -> FitResult:

@@ -59,13 +59,11 @@ def train_here(args: argparse.Namespace) -> int:
             # each machine would pick its own dated folder, and a resume would not find the others'
             raise ShoalError("--run-dir: required with --nnodes > 1 (the same path on every machine)")
         run_dir = new_run_dir(job, args.run_dir)
-    nodes = Nodes(count=args.nnodes, rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id)
     if args.interface:
         use_interface(args.interface)  # the workers inherit it
-    if args.stop_when_input_closes:
-        from shoal.cluster.remote import stop_when_input_closes
-
-        stop_when_input_closes()
+    secret = node_secret(args)
+    nodes = Nodes(count=args.nnodes, rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id,
+                  secret=secret)
     try:
         start(job, run_dir, nodes, resume=args.resume is not None, max_restarts=args.max_restarts)
     except Interrupted as interrupt:
@@ -79,10 +77,28 @@ def train_here(args: argparse.Namespace) -> int:
     return 0
 
 
-def trust_flag(job) -> str:
+def node_secret(args: argparse.Namespace) -> str | None:
+    """The job's secret: --secret-file's, the one a --hosts head sends on this node's input, or --rdzv-id."""
+    if args.secret_file is not None and args.rdzv_id is not None:
+        raise ShoalError("--secret-file and --rdzv-id: give one of them (either is the job's secret)")
+    if args.secret_file is not None:
+        from shoal.cluster.rendezvous import read_secret
+
+        return read_secret(args.secret_file)
+    if args.stop_when_input_closes:
+        from shoal.cluster.remote import stop_when_input_closes
+
+        return stop_when_input_closes() or args.rdzv_id
+    return args.rdzv_id
+
+
+def trust_flag(job, hosts: bool = False) -> str:
     """What a resume of this job needs: a job whose model is code (a model.factory or model.object) is
-    refused without --trust-code."""
-    return " --trust-code" if job.model.factory or job.model.object or ":" in job.train.loss else ""
+    refused without --trust-code, and so is, started on `hosts`, one whose cluster.remote is not ssh's."""
+    from shoal.config import ClusterConfig
+
+    remote = hosts and job.cluster.remote != ClusterConfig.remote
+    return " --trust-code" if job.model.factory or job.model.object or ":" in job.train.loss or remote else ""
 
 
 def workers_for(option: str | None, job, nodes: int) -> int | None:
@@ -103,6 +119,8 @@ def workers_for(option: str | None, job, nodes: int) -> int | None:
 
 def command_train_hosts(args: argparse.Namespace, job) -> int:
     """--hosts, --hostfile or cluster.hosts: start every host's node from here (shoal.cluster.remote)."""
+    import secrets
+
     from shoal.api import resolve_job
     from shoal.cluster.remote import Fleet, agree_workers, node_commands, parse_hosts, read_hostfile
     from shoal.cluster.signals import Interrupted
@@ -113,6 +131,11 @@ def command_train_hosts(args: argparse.Namespace, job) -> int:
                          "--nnodes, --node-rank, --rdzv-endpoint and --interface")
     if args.hosts and args.hostfile:
         raise ShoalError("--hosts and --hostfile: give one of them")
+    if args.job is None:  # the run directory's job.toml: its hosts and remote command are data too
+        from shoal.api import check_trusted_hosts
+
+        check_trusted_hosts(job, args.resume, args.overrides, args.trust_code,
+                            hosts_given=bool(args.hosts or args.hostfile))
     if args.hostfile:
         hosts = read_hostfile(args.hostfile)
     else:
@@ -134,11 +157,11 @@ def command_train_hosts(args: argparse.Namespace, job) -> int:
     workers = agree_workers(hosts, args.workers or str(job.cluster.workers), job.cluster.remote, job_file,
                             args.overrides)
     commands = node_commands(hosts, arguments, workers, job.cluster.port)
-    try:
-        status = Fleet(hosts, commands, job.cluster.remote).run()
+    try:  # the nodes get the job's secret on their input, not on a command line others may read
+        status = Fleet(hosts, commands, job.cluster.remote, secret=secrets.token_hex(16)).run()
     except Interrupted as interrupt:
         print(f"shoal: {interrupt} (every host stopped); continue with: shoal train --resume {run_dir} "
-              f"--hosts {','.join(host.name for host in hosts)}{trust_flag(job)}", file=sys.stderr)
+              f"--hosts {','.join(host.name for host in hosts)}{trust_flag(job, hosts=True)}", file=sys.stderr)
         return interrupt.exit_code
     return status
 
@@ -338,6 +361,7 @@ def command_plan(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="shoal", description=DESCRIPTION)
+    root.add_argument("--version", action="version", version=f"shoal {installed_version()}")
     commands = root.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a job on N local workers (or one node of a cluster)")
@@ -360,7 +384,11 @@ def parser() -> argparse.ArgumentParser:
                          help="this machine's rank (default: 0 on the endpoint's machine, others in order of arrival)")
     cluster.add_argument("--rdzv-endpoint", help="HOST:PORT on the first machine, where the machines meet "
                          "(on a trusted network)")
-    cluster.add_argument("--rdzv-id", help="a job id shared by all machines (default: shoal)")
+    cluster.add_argument("--rdzv-id", help="the job's secret, the same on every machine and known to nobody else: "
+                         "make it random (openssl rand -hex 16); without it (or --secret-file) any process that "
+                         "reaches the endpoint can steer the job")
+    cluster.add_argument("--secret-file", type=Path, metavar="FILE",
+                         help="instead of --rdzv-id: read the job's secret from FILE (readable by its owner only)")
     cluster.add_argument("--interface", metavar="NAME",
                          help="network interface the workers talk on (default: the one that reaches the endpoint)")
     hosts = train.add_argument_group("one terminal for every machine (each reached by cluster.remote, ssh {host})")
@@ -532,6 +560,18 @@ def add_plan_parser(commands) -> None:
     plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                       help="override a job key (repeatable)")
     plan.set_defaults(handler=command_plan)
+
+
+def installed_version() -> str:
+    """The installed package's version (its metadata, as pip shows it); the source's own in a bare checkout."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("shoal")
+    except metadata.PackageNotFoundError:
+        from shoal import __version__
+
+        return __version__
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ import functools
 import json
 import math
 import os
+import sys
 import threading
 import time
 import types
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from shoal.errors import ShoalError
+from shoal.safe_files import open_file
 
 EVENTS_FILE = "events.jsonl"
 KIND_KEY = "event"  # on disk, the record's kind sits beside its fields under this key
@@ -116,8 +118,12 @@ class JobStart(Event):
         return JobResumed(**{part.name: getattr(self, part.name) for part in dataclasses.fields(self)})
 
     def configured_epochs(self) -> int | None:
-        """`train.epochs` of the job as it started (the config is the resolved job file's content)."""
-        return self.config.get("train", {}).get("epochs")
+        """`train.epochs` of the job as it started (the config is the resolved job file's content); None where
+        a damaged record holds no count."""
+        train = self.config.get("train") if isinstance(self.config, dict) else None
+        epochs = train.get("epochs") if isinstance(train, dict) else None
+        valid = isinstance(epochs, int) and not isinstance(epochs, bool) and 0 < epochs < 2**63
+        return epochs if valid else None
 
 
 @dataclass(kw_only=True)
@@ -256,7 +262,8 @@ class EventLog:
         """`listeners`: called with each record once it is on disk (rank 0's loggers), so what they
         show is what the file holds."""
         self.path = Path(run_dir) / EVENTS_FILE
-        self._handle = open(self.path, "ab+", buffering=0)
+        # never through a link planted where the events belong: it would append to its target
+        self._handle = os.fdopen(open_file(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT), "ab+", buffering=0)
         self._lock = threading.Lock()  # the background validation writes too
         self.listeners = list(listeners)
 
@@ -344,17 +351,26 @@ def _write_all(descriptor: int, data: bytes) -> None:
 
 def read_events(run_dir: str | Path) -> Iterator[dict]:
     """The records as stored, oldest first; a half-written last line (a live job) is skipped."""
-    path = Path(run_dir) / EVENTS_FILE
+    for _, record in _numbered_lines(Path(run_dir) / EVENTS_FILE):
+        if isinstance(record, dict):
+            yield record
+
+
+NOT_JSON = object()  # a line that does not parse
+
+
+def _numbered_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number from 1, parsed line or NOT_JSON); a last line without its newline (a record still
+    being written) is left out."""
     if not path.exists():
         return
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, start=1):
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict):
-                yield record
+                yield number, json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                if line.endswith("\n"):
+                    yield number, NOT_JSON
 
 
 def parse(record: dict) -> Event | None:
@@ -449,11 +465,117 @@ class History:
         return bool(self.of(JobStart))
 
 
-def read_history(run_dir: str | Path) -> History:
-    """A run's typed events; a folder without an events file is a user error."""
-    if not (Path(run_dir) / EVENTS_FILE).is_file():
+def read_history(run_dir: str | Path, warn: bool = True) -> History:
+    """A run's typed events; a folder without an events file is a user error. A malformed record (a
+    hand-edited or damaged file) is skipped, with a line on stderr naming it when `warn`."""
+    path = Path(run_dir) / EVENTS_FILE
+    if not path.is_file():
         raise ShoalError(f"{run_dir}: no {EVENTS_FILE}: not a shoal run directory")
-    records = list(read_events(run_dir))
-    times = [record.get("time") for record in records]
-    times = [when for when in times if isinstance(when, int | float) and not isinstance(when, bool)]
-    return History([event for event in map(parse, records) if event is not None], times[-1] if times else None)
+    events, times = [], []
+    for number, record in _numbered_lines(path):
+        problem = record_problem(record)
+        if problem is not None:
+            if warn:
+                print(f"shoal: warning: {path}: line {number}: skipped: {problem}", file=sys.stderr)
+            continue
+        if record.get("time") is not None:
+            times.append(record["time"])
+        event = parse(record)
+        if event is not None:
+            events.append(event)
+    return History(events, times[-1] if times else None)
+
+
+# ---------------------------------------------------------------- checking what is read
+
+INTEGER_LIMIT = 2**63  # what a record's integers stay below (TOML's and torch's too)
+
+
+def record_problem(record: Any) -> str | None:
+    """Why a stored line cannot be read as its kind's record, in words; None when it can.
+
+    A kind this version does not know passes (a newer shoal's); a field it knows must hold its type."""
+    if record is NOT_JSON:
+        return "not JSON"
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__.replace('NoneType', 'null')}, not a record"
+    name = record.get(KIND_KEY)
+    kind = KINDS.get(name) if isinstance(name, str) else None
+    if kind is None:
+        return None if isinstance(name, str) else f"'{KIND_KEY}' must be a kind's name, got {_shown(name)}"
+    found = _fields_mismatch(kind, record)
+    config = record.get("config")
+    if found is None and issubclass(kind, JobStart) and isinstance(config, dict) \
+            and not isinstance(config.get("train", {}), dict):  # the section the readers look into
+        found = ".config.train", "a table", config["train"]
+    if found is None:
+        return None
+    where, expected, value = found
+    return f"{name}{where} must be {expected}, got {_shown(value)}"
+
+
+Mismatch = tuple[str, str, Any]
+"""Where in a record (".workers[0].rank"), what belongs there, and what is there instead."""
+
+
+def _fields_mismatch(cls: type, values: dict) -> Mismatch | None:
+    hints = _hints(cls)
+    for part in dataclasses.fields(cls):
+        if part.init and part.name in values:
+            found = _mismatch(hints[part.name], values[part.name])
+            if found is not None:
+                return f".{part.name}{found[0]}", found[1], found[2]
+    return None
+
+
+def _mismatch(hint: Any, value: Any) -> Mismatch | None:
+    """Where `value` fails `hint` (a field's annotation), or None when it fits."""
+    if isinstance(hint, types.UnionType):  # `X | None`
+        return None if value is None else _mismatch(_optional(hint), value)
+    if dataclasses.is_dataclass(hint):
+        return ("", "a table", value) if not isinstance(value, dict) else _fields_mismatch(hint, value)
+    origin, arguments = typing.get_origin(hint) or hint, typing.get_args(hint)
+    if origin is list:
+        if not isinstance(value, list):
+            return "", "a list", value
+        entries = enumerate(value)
+        item = arguments[0] if arguments else Any
+    elif origin is dict:
+        if not isinstance(value, dict):
+            return "", "a table", value
+        entries = value.items()
+        item = arguments[1] if len(arguments) == 2 else Any
+    else:
+        return None if _scalar_fits(hint, value) else ("", _scalar_name(hint), value)
+    for key, entry in entries:
+        found = _mismatch(item, entry)
+        if found is not None:
+            return f"[{json.dumps(key)}]{found[0]}", found[1], found[2]
+    return None
+
+
+def _optional(hint: Any) -> Any:
+    return next(argument for argument in typing.get_args(hint) if argument is not type(None))
+
+
+def _scalar_fits(hint: Any, value: Any) -> bool:
+    """A float field also holds null (stored for NaN or infinity) and integers a float can hold."""
+    if hint is float:
+        if value is None or isinstance(value, float):
+            return True
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**1023
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) < INTEGER_LIMIT
+    if hint in (str, bool):
+        return isinstance(value, hint)
+    return True  # Any, or a type this reader does not check
+
+
+def _scalar_name(hint: Any) -> str:
+    return {float: "a number", int: "an integer below 2**63", str: "text", bool: "true or false"}.get(hint, "a value")
+
+
+def _shown(value: Any) -> str:
+    """A stored value, cut short: a line may be long."""
+    text = json.dumps(value) if not (isinstance(value, int) and abs(value) >= INTEGER_LIMIT) else "a huge integer"
+    return text if len(text) <= 40 else text[:37] + "..."

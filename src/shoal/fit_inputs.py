@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from shoal.cluster import scratch
 from shoal.config import JobConfig, section_fields
 from shoal.data.in_memory import write_in_memory
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, ShoalError
 from shoal.jobs import load_job
 from shoal.objects import save_object
 
@@ -27,6 +28,8 @@ MODEL_FILE = "model.object.pkl"
 CALLBACKS_FILE = "callbacks.pkl"
 """The user's callbacks, shipped by value to the coordinator, in the run directory."""
 PENDING = "(written into the run directory)"  # model.object until the run directory is known
+STAGING_PREFIX = scratch.DATA
+"""The temporary folder that holds the datasets written from data in memory while fit runs."""
 
 
 def base_table(job: str | Path | JobConfig | dict | None) -> dict:
@@ -59,6 +62,7 @@ def apply_arguments(table: dict, arguments: dict, sections: dict) -> dict:
         table.setdefault(name, {}).update(section)
     if "train" in sections:
         raise ConfigError("fit: train names the training data; give the job's [train] keys in job or overrides")
+    check_loss(arguments["loss"])
     for key in ("epochs", "batch_size", "loss", "stop"):
         set_key(table, "train", key, arguments[key])
     optimizer = arguments["optimizer"]
@@ -67,6 +71,14 @@ def apply_arguments(table: dict, arguments: dict, sections: dict) -> dict:
     if algorithm is not None:
         table["algorithm"] = {"name": algorithm} if isinstance(algorithm, str) else dict(algorithm)
     return table
+
+
+def check_loss(loss: Any) -> None:
+    """A loss is named, since the job is data every worker reads: say what names are accepted."""
+    if loss is not None and not isinstance(loss, str):
+        raise ConfigError(f"loss: expected a name, got {type(loss).__name__} {getattr(loss, '__name__', '')}".rstrip()
+                          + ": give a torch loss by name (cross_entropy, binary_cross_entropy, mse, or a torch.nn "
+                          "class like 'SmoothL1Loss'), or your function as 'package.module:function'")
 
 
 def model_table(model: Any) -> dict | None:
@@ -108,8 +120,10 @@ def is_path(data: Any) -> bool:
 @contextlib.contextmanager
 def datasets_on_disk(table: dict, train: Any, test: Any, label: str | None) -> Iterator[dict]:
     """`table` with data.train and data.test naming folders; data in memory is written to a temporary
-    folder for the block's length, and removed after."""
+    folder for the block's length, and removed after. An error inside the block names the argument
+    (`train`, `test`) where it would name that folder, which the user never made."""
     folder = None
+    written: dict[str, str] = {}
     try:
         data = table.setdefault("data", {})
         for key, value in (("train", train), ("test", test)):
@@ -118,12 +132,32 @@ def datasets_on_disk(table: dict, train: Any, test: Any, label: str | None) -> I
             if is_path(value):
                 data[key] = os.fspath(value)
                 continue
-            folder = folder or tempfile.mkdtemp(prefix="shoal-data-")
+            folder = folder or scratch.make(STAGING_PREFIX, sweep_first=True)
             encoding = data.get("train") if key == "test" else None
-            data[key] = str(write_in_memory(value, os.path.join(folder, key), key, label=label,
-                                            encoding_from=encoding).path)
+            data[key] = written[key] = str(write_in_memory(value, os.path.join(folder, key), key, label=label,
+                                                           encoding_from=encoding).path)
         yield table
+    except ShoalError as error:
+        error.args = (named_arguments(str(error), written), *error.args[1:])
+        raise
     finally:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
 
+
+
+def named_arguments(message: str, written: dict[str, str]) -> str:
+    """`message` with each temporary dataset folder (and any file in it) named by fit's argument instead."""
+    for key, path in written.items():
+        message = re.sub(re.escape(path) + r"(/[^\s:,)]*)?", f"the {key} data given to fit", message)
+    return message
+
+
+def check_data_kept(job: JobConfig, job_file: str) -> None:
+    """A run that `fit` trained on data held in memory cannot resume from it: it was removed when fit
+    returned. Say so, and how to give the data again, instead of failing on a folder the user never made."""
+    for key, path in (("data.train", job.data.train), ("data.test", job.data.test)):
+        if path and Path(path).parent.name.startswith(STAGING_PREFIX) and not Path(path).exists():
+            raise ConfigError(f"{job_file}: {key}: the run was trained by shoal.fit on data held in memory, "
+                              f"removed when fit returned; give it again as a dataset folder: --set {key}=FOLDER "
+                              f"(shoal.resume(run, overrides=['{key}=FOLDER']))")

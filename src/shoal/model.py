@@ -19,6 +19,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -198,10 +199,14 @@ def _output_shape(modules: list[nn.Module], shape: tuple[int, ...], where: str) 
     probe = nn.Sequential(*modules).eval()
     try:
         with torch.no_grad():
-            return tuple(probe(torch.zeros(2, *shape)).shape[1:])
+            outputs = probe(torch.zeros(2, *shape))
     except RuntimeError as error:
         reason = str(error).strip().splitlines()[0][:200]
         raise ConfigError(f"{where}: does not fit input shape {list(shape)}: {reason}") from None
+    if not isinstance(outputs, torch.Tensor):  # the loss, evaluation and export all take one tensor
+        raise ConfigError(f"{where}: its forward returns {type(outputs).__name__}, not one tensor: return the "
+                          "outputs the loss takes (logits, or the predicted values)")
+    return tuple(outputs.shape[1:])
 
 
 def from_layers(input_shape: list[int], layers: list[dict]) -> nn.Sequential:
@@ -268,17 +273,38 @@ def from_factory(factory: str, arguments: dict) -> nn.Module:
     return model
 
 
-def build_model(spec: dict) -> nn.Module:
-    """A fresh module from a spec (see the module docstring); `check_trusted` first for one read from a run."""
+def build_model(spec: dict, run_dir: str | Path | None = None) -> nn.Module:
+    """A fresh module from a spec (see the module docstring); `check_trusted` first for one read from a run.
+    A model shipped by value is read from `run_dir`, the run directory it was written into."""
     if spec.get("factory"):
         return from_factory(spec["factory"], spec.get("arguments", {}))
     if spec.get("object"):
-        return from_object(spec["object"])
+        return from_object(spec["object"], run_dir)
     return from_layers(spec["input"], spec["layers"])
 
 
-def from_object(path: str) -> nn.Module:
-    """The model shipped by value in `path`: a copy of the module, or what the callable there returns."""
+def object_file(name: str, run_dir: str | Path | None) -> Path:
+    """The file that model.object names: one inside the run directory, by a name relative to it. An absolute
+    path, `..`, or a symlink out of the folder is refused: a copied run must not unpickle another's file, and
+    nothing is read from wherever the current folder happens to be."""
+    if run_dir is None:
+        raise ConfigError(f"model.object: {name!r} is read from a run directory, and none is given here")
+    path, folder = Path(name), Path(run_dir)
+    if not name or path.is_absolute() or ".." in path.parts:
+        raise ConfigError(f"model.object: {name!r} must name a file inside the run directory {folder}, "
+                          "relative to it")
+    resolved = (folder / path).resolve()
+    if folder.resolve() not in resolved.parents:
+        raise ConfigError(f"model.object: {folder / path} leads out of the run directory {folder}")
+    if not resolved.is_file():
+        raise ConfigError(f"model.object: {folder / path}: no such file in the run directory")
+    return resolved
+
+
+def from_object(name: str, run_dir: str | Path | None) -> nn.Module:
+    """The model shipped by value in the run directory's file `name`: a copy of the module, or what the callable
+    there returns."""
+    path = object_file(name, run_dir)
     shipped = load_object(path, "model.object")
     if not isinstance(shipped, nn.Module) and callable(shipped):
         try:

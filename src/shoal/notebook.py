@@ -48,7 +48,7 @@ class EpochRelay:
         """Print a line for each epoch finished since the last call."""
         if not (self.run_dir / EVENTS_FILE).is_file():
             return
-        history = read_history(self.run_dir)
+        history = read_history(self.run_dir, warn=False)  # polled each second: `shoal status` warns
         total = history.start.configured_epochs() if history.start is not None else None
         for epoch in history.epochs[self.shown:]:
             test = "  test " + metrics_text(epoch.test) if epoch.test else ""

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from shoal.durable import replace_durably
+from shoal.durable import write_durably
 from shoal.errors import ConfigError, first_line
 
 
@@ -24,21 +24,19 @@ def save_object(value: Any, path: str | Path, where: str) -> Path:
     import cloudpickle
 
     path = Path(path)
-    temporary = path.with_name(f".{path.name}.tmp")
     modules = users_modules(value)
     for module in modules:
         cloudpickle.register_pickle_by_value(module)
-    try:
-        with open(temporary, "wb") as handle:
-            cloudpickle.dump(value, handle)
+    try:  # a new temporary with an unpredictable name; never through a link at `path`
+        write_durably(path, lambda handle: cloudpickle.dump(value, handle))
+    except ConfigError:
+        raise
     except Exception as error:  # a lock, an open file, a generator: what pickling refuses
-        temporary.unlink(missing_ok=True)
         raise ConfigError(f"{where}: cannot be sent to the workers: {type(error).__name__}: "
                           f"{first_line(error)}") from None
     finally:
         for module in modules:
             cloudpickle.unregister_pickle_by_value(module)
-    replace_durably(temporary, path)
     return path
 
 

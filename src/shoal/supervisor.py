@@ -16,10 +16,10 @@ from pathlib import Path
 import torch.distributed as dist
 
 from shoal.cluster.heartbeat import silence, verdict
-from shoal.cluster.launch import launch
+from shoal.cluster.launch import launch, restart_line, workers_environment
 from shoal.cluster.rendezvous import AttemptRendezvous, Decision, Meeting, Nodes, Report, failure_fields
 from shoal.cluster.signals import Interrupted, interruptible
-from shoal.cluster.store import StoreUnreachable
+from shoal.cluster.store import SECRET_VARIABLE, StoreUnreachable
 from shoal.cluster.watch import AttemptWatch
 from shoal.errors import EXIT_USAGE, WorkerError, first_line
 from shoal.events import JobEnd, WorkerFailed, append_event
@@ -46,7 +46,8 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
     meeting = None
     with interruptible():
         try:
-            meeting = Meeting(nodes, plan.timeout)
+            meeting = Meeting(nodes, plan.timeout, plan.workers)
+            meeting.check_workers()
             Supervisor(plan, meeting).run()
         except Interrupted as interrupt:
             if meeting is not None:
@@ -113,7 +114,8 @@ class Supervisor:
         plan, meeting = self.plan, self.meeting
         watch = AttemptWatch(meeting, attempt)
         try:
-            with watch:
+            # the workers' keys are named by the job's secret: handed in their environment, never their argv
+            with watch, workers_environment({SECRET_VARIABLE: meeting.secret}):
                 launch(plan.job_file, plan.run_dir, workers=plan.workers, threads=plan.threads,
                        rendezvous=rendezvous, resume=resume, callbacks=plan.callbacks)
         except WorkerError as error:
@@ -150,7 +152,9 @@ class Supervisor:
             decision = Decision(restart=False, message=text, failure=failure_fields(cause), usage=usage)
         else:
             self.restarts += 1
-            append_event(run_dir, restart_record(run_dir, self.restarts))
+            restart = restart_record(run_dir, self.restarts)
+            append_event(run_dir, restart)
+            print(restart_line(text, restart, self.plan.max_restarts), file=sys.stderr, flush=True)
             decision = Decision(restart=True, message=text)
         meeting.decide(attempt, decision)
         return decision

@@ -11,6 +11,7 @@ import contextlib
 import faulthandler
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -25,7 +26,7 @@ from shoal.cluster.environments import Slurm
 from shoal.cluster.orphan import end_with_parent, under_shoal_launcher
 from shoal.cluster.requeue import EXIT_REQUEUED, EpochEndStop, StopRequested, requeue
 from shoal.durable import write_bytes_durably
-from shoal.errors import ShoalError, first_line
+from shoal.errors import ShoalError, first_line, lost_peer
 from shoal.events import JobEnd, append_event
 from shoal.jobs import load_job
 from shoal.objects import load_object
@@ -122,8 +123,26 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as error:
         record_failure(error)
-        raise
+        if not _lost_a_peer(error):
+            raise  # the worker's own failure: its whole traceback
+        # a consequence of another worker's end, which the launcher names: one line, not gloo's traceback
+        print(f"shoal worker {os.environ.get('RANK', '0')}: stopping: another worker is gone ({_peer_reason(error)})",
+              file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def _lost_a_peer(error: BaseException) -> bool:
+    """Whether `error` only says that another worker went away (torch's collectives raise RuntimeError);
+    SHOAL_DEBUG_LAUNCH keeps the traceback."""
+    return (isinstance(error, RuntimeError) and lost_peer(str(error))
+            and not os.environ.get("SHOAL_DEBUG_LAUNCH"))
+
+
+def _peer_reason(error: BaseException) -> str:
+    """gloo's message without its source location and advice: 'Connection closed by peer [127.0.0.1]:22914'."""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", first_line(error))
+    return text.split(". ")[0].rstrip(".")
 
 
 def record_failure(error: BaseException) -> None:

@@ -1,6 +1,7 @@
 """An emulated cluster on one machine: each host a network namespace with its own address on a
 bridge, its own hostname (resolving to a loopback address inside it, as on a stock Debian or
-Ubuntu box), its own /tmp, its own CPU core and a rate-shaped link.
+Ubuntu box), its own /tmp, its own CPU core and a rate-shaped link. A checkout under /tmp (with its
+.venv) stays visible at its own path on every host, as an NFS home would on a real cluster.
 
 Tests, benchmarks and the planner start commands "on host i" through `EmulatedCluster.start`.
 Everything it creates (namespaces, the bridge, the hosts' processes, its folders) is removed by
@@ -14,6 +15,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from shoal.cluster.interface import SOCKET_VARIABLES
 from shoal.plan.calibrate import parse_rate
 
 SUBNET = "10.77.0"
+TMP = Path("/tmp")
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def missing_requirements(hosts: int) -> str | None:
@@ -33,6 +37,19 @@ def missing_requirements(hosts: int) -> str | None:
     if len(os.sched_getaffinity(0)) < hosts:
         return f"the emulated cluster pins each of its {hosts} hosts to its own core; this machine has fewer"
     return None
+
+
+def under_tmp(folders) -> list[Path]:
+    """Those of `folders` that a host's own /tmp would hide, outermost only (one mount covers what it holds)."""
+    found = [folder for folder in (Path(folder).resolve() for folder in folders)
+             if folder != TMP and folder.is_relative_to(TMP) and folder.is_dir()]
+    return sorted({folder for folder in found
+                   if not any(other != folder and folder.is_relative_to(other) for other in found)})
+
+
+def code_folders() -> list[Path]:
+    """What every host runs from: the checkout (its code, its .venv), the Python running this, the data beside it."""
+    return [CHECKOUT, Path(sys.prefix), Path(sys.executable).resolve().parent, CHECKOUT.parent / "shared"]
 
 
 def unset_interfaces(env: dict | None) -> dict:
@@ -59,10 +76,12 @@ def burst_bytes(rate: str) -> int:
 
 
 class EmulatedCluster:
-    """`hosts` hosts named host0, host1, ... at 10.77.0.1, .2, ..., linked at `rate` (tc tbf syntax)."""
+    """`hosts` hosts named host0, host1, ... at 10.77.0.1, .2, ..., linked at `rate` (tc tbf syntax). The
+    folders in `keep` (default: `code_folders()`) that lie under /tmp are seen by every host at their own path."""
 
-    def __init__(self, hosts: int = 2, rate: str = "1gbit"):
+    def __init__(self, hosts: int = 2, rate: str = "1gbit", keep=None):
         self.hosts, self.rate = hosts, rate
+        self.kept = under_tmp(code_folders() if keep is None else keep)
         self.prefix = f"shoal{os.getpid() % 100000}"
         self.folder = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-", dir="/var/tmp"))
         self.shared = self.folder / "shared"  # the same folder, at the same path, on every host
@@ -118,10 +137,16 @@ class EmulatedCluster:
                          if other != host)  # the others by name, as a site's DNS would tell
         hosts_file.write_text(f"127.0.0.1 localhost\n127.0.1.1 {self.hostname(host)}\n{others}")
         self.private(host).mkdir()
+        for folder in self.kept:
+            (self.private(host) / folder.relative_to(TMP)).mkdir(parents=True, exist_ok=True)
 
     def command(self, host: int, command: list[str]) -> list[str]:
-        """`command` as run on `host`: its namespace, hostname, /tmp and core."""
-        setup = (f"hostname {self.hostname(host)} && mount --bind {self.private(host)} /tmp && "
+        """`command` as run on `host`: its namespace, hostname, /tmp and core. The kept folders are mounted into
+        the host's /tmp before it replaces the machine's, which would hide them."""
+        private = self.private(host)
+        keep = "".join(f"mount --bind {shlex.quote(str(folder))} {shlex.quote(str(private / folder.relative_to(TMP)))}"
+                       " && " for folder in self.kept)
+        setup = (f"hostname {self.hostname(host)} && {keep}mount --rbind {shlex.quote(str(private))} /tmp && "
                  f'exec taskset -c {self.cores[host]} "$@"')
         return ["ip", "netns", "exec", self.namespace(host), "unshare", "--uts", "--mount", "--propagation",
                 "private", "--", "sh", "-c", setup, "sh", *command]

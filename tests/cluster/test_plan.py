@@ -83,6 +83,8 @@ def measured_epochs(cluster, job: str, name: str, env) -> list[float]:
     return [round(epoch.seconds, 3) for epoch in read_history(run_dir).epochs]
 
 
+# 69 to 104 s measured on a 2-core machine, the slowest with other tests running beside it
+@pytest.mark.timeout(300)
 def test_a_plan_predicts_a_two_host_sync_epoch_on_a_slow_and_a_fast_link(project_env, tmp_path):
     reason = missing_requirements(2)
     if reason:

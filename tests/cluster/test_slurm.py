@@ -31,6 +31,8 @@ def kinds(run_dir) -> list[str]:
     return [event["event"] for event in read_events(run_dir)]
 
 
+# past its own deadlines (SECONDS for SLURM's part, then a run on one host), which name what hung
+@pytest.mark.timeout(SECONDS + 150)
 def test_a_warned_batch_job_stops_at_an_epochs_end_requeues_and_continues(slurm, two_hosts, project_env, tmp_path):
     job = write_sabotaged_job(two_hosts.shared, "slurm", delay=0.05, epochs=4)  # 1 s an epoch
     run_dir = two_hosts.shared / "run-slurm"

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import socket
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from shoal.cli import main
+from shoal.cluster.store import SECRET_VARIABLE
 from tests.e2e.jobs import write_job, write_task
 
 
@@ -87,3 +93,67 @@ def test_exit_status_and_message_from_the_command(task, tmp_path, project_env):
     assert finished.returncode == 2
     assert finished.stderr.strip() == "shoal: error: --workers: must be an integer >= 1, got 0"
     assert "Traceback" not in finished.stderr
+
+
+HOST = socket.gethostname()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.timeout(120)
+def test_nodes_started_with_different_worker_counts_stop_in_one_line(task, tmp_path, project_env):
+    """Once they waited silently for ever (torch numbers every node's workers alike)."""
+    train, test = task
+    job = write_job(tmp_path / "job.toml", train, test, epochs=1)
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [subprocess.Popen([sys.executable, "-m", "shoal", "train", str(job), "--workers", str(workers),
+                               "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint,
+                               "--rdzv-id", "e2e-worker-counts", "--run-dir", str(tmp_path / "run")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=project_env)
+             for rank, workers in ((0, 2), (1, 1))]
+    try:
+        finished = [node.communicate(timeout=60) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    for node, (_, err) in zip(nodes, finished):
+        assert node.returncode == 2
+        assert err.strip().splitlines() == [f"shoal: error: --workers: every machine must run the same number of "
+                                            f"workers, got node 0 ({HOST}) 2, node 1 ({HOST}) 1"]
+
+
+@pytest.mark.timeout(120)
+def test_the_jobs_secret_is_on_no_command_line(task, tmp_path, project_env):
+    """The workers get the secret their store's keys are named by in their environment: `ps` shows argv."""
+    train, test = task
+    job = write_job(tmp_path / "job.toml", train, test, epochs=30)
+    launcher = psutil.Popen([sys.executable, "-m", "shoal", "train", str(job), "--workers", "2", "--run-dir",
+                             str(tmp_path / "run")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=project_env)
+    try:
+        secrets, lines = set(), []
+        deadline = time.monotonic() + 60
+        while len(secrets) == 0 or len(lines) < 4:  # the launcher, the fork server, 2 stand-ins or workers
+            assert launcher.poll() is None and time.monotonic() < deadline, "no workers in time"
+            lines, secrets = [], set()
+            for process in [launcher, *launcher.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    lines.append(" ".join(process.cmdline()))
+                    secrets.add(process.environ().get(SECRET_VARIABLE))
+            secrets.discard(None)
+            time.sleep(0.2)
+        assert len(secrets) == 1
+        secret = secrets.pop()
+        assert len(secret) == 32 and not [line for line in lines if secret in line]
+    finally:
+        children = launcher.children(recursive=True)
+        launcher.send_signal(signal.SIGINT)
+        with contextlib.suppress(psutil.TimeoutExpired):
+            launcher.wait(30)
+        for process in [*children, launcher]:
+            with contextlib.suppress(psutil.Error):
+                process.kill()

@@ -4,6 +4,7 @@ without shoal; what it refuses is one line with exit status 2."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -13,11 +14,12 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
+from torch import nn
 
 import shoal
 from shoal.cli import main
 from shoal.data.format import open_dataset
-from tests.e2e.jobs import train_small
+from tests.e2e.jobs import FEATURES, train_small, write_task
 
 TIMEOUT = 120
 
@@ -103,3 +105,64 @@ def test_a_missing_extra_names_the_pip_command(trained, tmp_path, capsys, monkey
     assert export_here(run_dir, "--format", "onnx", "--out", tmp_path / "m.onnx") == 2
     assert capsys.readouterr().err.strip() == ("shoal: error: --format onnx: needs the onnx package: "
                                                "pip install 'shoal[onnx]'")
+
+
+class Branchy(nn.Module):
+    """A forward that decides on its input's values: a trace would keep one branch (the issue's diff 1.43)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(FEATURES, 2), nn.Linear(FEATURES, 2)
+
+    def forward(self, x):
+        if x[:, 0].mean() > 0:
+            return self.a(x)
+        return self.b(x) * 2 + 1
+
+
+@pytest.fixture(scope="module")
+def branchy(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("branchy")
+    train, test = write_task(folder, rows=400, test_rows=100)
+    torch.manual_seed(0)
+    return shoal.fit(model=Branchy(), train=str(train), test=str(test), workers=1, epochs=1,
+                     output={"progress": "none"}, checkpoint={"every": 0}, run_dir=folder / "run").run_dir
+
+
+@pytest.mark.timeout(TIMEOUT)
+@pytest.mark.parametrize("format", ["torchscript", "onnx"])
+def test_a_model_branching_on_its_input_is_refused_and_nothing_is_written(branchy, tmp_path, capsys, format):
+    out = tmp_path / f"model.{format}"
+    assert export_here(branchy, "--format", format, "--out", out, "--trust-code") == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1, error
+    assert f"{out}: not exported as {format}: the model's forward branches on its input's values" in error
+    assert "(in forward)" in error  # a model shipped by value: no file to name
+    assert list(tmp_path.iterdir()) == []  # no file, no temporary
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_a_link_at_the_old_temporary_name_is_never_followed(trained, tmp_path):
+    run_dir, rows, expected = trained
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    out = tmp_path / "model.pt"
+    (tmp_path / ".model.pt.tmp").symlink_to(victim)  # the name export used to write through
+    assert export_here(run_dir, "--format", "torchscript", "--out", out) == 0
+    assert victim.read_text() == "keep me" and (tmp_path / ".model.pt.tmp").is_symlink()
+    assert np.allclose(torch.jit.load(str(out))(torch.from_numpy(rows)).detach().numpy(), expected, atol=1e-5)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".model.pt.tmp", "model.pt", "victim"]
+
+
+@pytest.mark.timeout(TIMEOUT)
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_every_format_gets_the_mode_of_a_new_file(trained, tmp_path, umask):
+    run_dir, _, _ = trained
+    previous = os.umask(umask)
+    try:
+        for format, extension in (("torchscript", "pt"), ("onnx", "onnx"), ("safetensors", "safetensors")):
+            out = tmp_path / f"model.{extension}"
+            assert export_here(run_dir, "--format", format, "--out", out) == 0
+            assert out.stat().st_mode & 0o777 == 0o666 & ~umask, format
+    finally:
+        os.umask(previous)

@@ -16,7 +16,7 @@ from torch import nn
 
 import shoal
 from shoal.data.importers import import_dataset
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, DataError
 from shoal.events import read_history
 from tests.e2e.jobs import FEATURES
 
@@ -145,3 +145,27 @@ def test_train_stop_ends_every_worker_after_the_same_epoch(data, tmp_path, monke
     end = read_history(result.run_dir).end
     assert end.completed and end.epochs == 1 and "test_accuracy" in end.message and "above 0.5" in end.message
     assert [path.name for path in (result.run_dir / "checkpoints").iterdir()] == ["epoch-00001"]  # due at the stop
+
+
+def test_bad_arrays_are_refused_before_any_worker_starts_naming_the_argument(data, tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    (train, test) = data
+    with_nan = train[0].copy()
+    with_nan[41, 3] = np.nan
+    other_class = test[1].copy()
+    other_class[9] = 7
+    cases = [
+        (dict(train=(with_nan, train[1])), DataError,
+         "train: row 42 (index 41) of the features holds a non-finite value (nan): fix or drop it before fit"),
+        (dict(train=train, test=(test[0], other_class)), DataError,
+         "test: row 10 (index 9) has label 7, which is not one of the training labels [0, 1]"),
+        (dict(train=train, cluster={"device": "cuda"}), ConfigError, "cluster.device: 'cuda' asked for but"),
+    ]
+    if torch.cuda.is_available():
+        cases.pop()
+    for arguments, kind, message in cases:
+        with pytest.raises(kind) as raised:
+            shoal.fit(model=local_network(), run_dir=tmp_path / "run", **arguments, **SETTINGS)
+        assert str(raised.value).startswith(message) and "shoal-data-" not in str(raised.value)
+        assert not (tmp_path / "run").exists(), message
+        assert "shoal worker" not in capfd.readouterr().err  # no worker started to fail on it

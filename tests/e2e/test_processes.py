@@ -1,6 +1,6 @@
 """What a job leaves behind in the processes and folders around it: the caller's signal handlers
-back after `shoal.fit`, no launcher folders in the temporary directory, SIGHUP ignored under nohup,
-and nothing listening beyond loopback."""
+back after `shoal.fit`, no launcher folders in the temporary directory (nor after a launcher killed
+outright), SIGHUP ignored under nohup, and nothing listening beyond loopback."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 import shoal
+from shoal.cluster import scratch
 from shoal.events import read_events
 from tests.e2e.jobs import write_job, write_task
 
@@ -99,3 +100,26 @@ def test_a_job_on_one_machine_listens_on_loopback_only(task, tmp_path, project_e
         launcher.communicate(timeout=30)
     assert len(listening) >= 3  # the job's store, the workers' store, gloo's listeners
     assert all(ipaddress.ip_address(address.ip).is_loopback for address in listening), listening
+
+
+@pytest.mark.timeout(2 * TIMEOUT)
+def test_a_launcher_killed_outright_leaves_no_folder_in_the_temporary_directory(task, tmp_path, project_env):
+    job = write_job(tmp_path / "job.toml", *task, epochs=20)
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "shoal", "train", str(job), "--workers", "2", "--run-dir", str(run_dir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=project_env)
+    try:
+        wait_for_first_epoch(launcher, run_dir)
+        temporary = Path(tempfile.gettempdir())
+        owned = [path for path in temporary.glob("shoal-*") if scratch.owner(path.name) == launcher.pid]
+        assert len(owned) == 2, owned  # its launch's worker logs and its fork server's socket
+        job_processes = psutil.Process(launcher.pid).children(recursive=True)
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=30)
+        _, alive = psutil.wait_procs(job_processes, timeout=30)  # workers stop as orphans, the server ends
+        assert not alive, [process.cmdline() for process in alive]
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert not [path for path in owned if path.exists()], "a killed launcher's folders remain"

@@ -289,3 +289,18 @@ def test_slurms_warning_stops_at_an_epochs_end_and_the_requeued_job_continues(ta
     assert [task.returncode for task in tasks] == [0, 0], outputs[0][1][-2000:]
     assert [event["from_epoch"] for event in events(run_dir, "job_resumed")] == [stopped_at]
     assert_same_weights(run_dir, uninterrupted[1])
+
+
+def test_a_killed_worker_is_named_in_one_line_and_the_others_stop_without_tracebacks(task, tmp_path, project_env):
+    job = write_job(tmp_path / "job.toml", task, action="kill", at=STEPS_PER_EPOCH + 20, marker=tmp_path / "fired")
+    finished = shoal("train", job, "--workers", 2, "--run-dir", tmp_path / "run", "--max-restarts", 1,
+                     env=project_env)
+    assert finished.returncode == 0, finished.stderr
+    lines = finished.stderr.splitlines()
+    said = [line for line in lines if line.startswith("shoal: worker rank 1 on ")]
+    assert len(said) == 1 and said[0].endswith(
+        "failed: killed by SIGKILL; restarting from epoch 1's checkpoint, restart 1 of 1"), finished.stderr
+    # rank 0 says at most one line, when it notices the loss before its launcher stops it
+    assert len([line for line in lines if line.startswith("shoal worker 0:")]) <= 1, finished.stderr
+    noise = [line for line in lines if "Traceback" in line or "pair.cc" in line]
+    assert len(noise) < 10, finished.stderr

@@ -389,3 +389,16 @@ assert next(model.parameters()).is_meta and "sympy" not in sys.modules, "sympy i
     finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=project_env,
                               timeout=120)
     assert finished.returncode == 0, finished.stderr[-2000:]
+
+
+def test_a_forward_returning_more_than_one_tensor_is_one_line_naming_the_model():
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.linear(x), x  # the loss, evaluation and export take one tensor
+
+    with pytest.raises(ConfigError, match=r"^model: its forward returns tuple, not one tensor"):
+        output_shape(Pair(), [3])

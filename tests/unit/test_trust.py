@@ -212,3 +212,125 @@ def test_the_launcher_reports_a_failing_factory_in_one_line(tmp_path, factories,
     assert capsys.readouterr().err == f"shoal: error: model.factory: '{factories}:broken' failed: ValueError: " \
                                       "no width fits\n"
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- resume: commands the run's job.toml names
+
+
+def write_remote_run(tmp_path: Path, marker: Path, hosts: bool = True) -> Path:
+    """A copied run directory whose job.toml names a remote command that touches `marker` (and trains nothing)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    train = write_dataset(tmp_path / "train")
+    hosts_line = 'hosts = ["localhost"]' if hosts else ""
+    (run_dir / "job.toml").write_text(textwrap.dedent(f"""
+        [model]
+        layers = [{{ dense = 2 }}]
+        [data]
+        train = "{train}"
+        [cluster]
+        {hosts_line}
+        remote = "sh -c 'touch {marker}; echo x' {{host}}"
+    """))
+    return run_dir
+
+
+def test_resume_refuses_a_remote_command_from_the_run_directory(tmp_path, capsys):
+    marker = tmp_path / "PWNFILE"
+    run_dir = write_remote_run(tmp_path, marker)
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"shoal: error: {run_dir / 'job.toml'}: cluster.remote \"sh -c 'touch {marker}; echo x' "
+                          "{host}\" would run that command here; pass --trust-code") and err.count("\n") == 1
+    assert not marker.exists()
+
+
+def test_resume_on_named_hosts_refuses_the_run_directorys_remote_command(tmp_path, capsys):
+    marker = tmp_path / "PWNFILE"
+    run_dir = write_remote_run(tmp_path, marker, hosts=False)
+    assert main(["train", "--resume", str(run_dir), "--hosts", "h"]) == 2  # as the interrupt message suggests
+    assert "cluster.remote" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+def test_resume_refuses_the_run_directorys_hosts(tmp_path, capsys):
+    run_dir = write_remote_run(tmp_path, tmp_path / "ran")
+    (run_dir / "job.toml").write_text((run_dir / "job.toml").read_text().replace("remote =", "# remote ="))
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    assert capsys.readouterr().err == (f"shoal: error: {run_dir / 'job.toml'}: cluster.hosts ['localhost'] would "
+                                       "start shoal on those hosts through 'ssh {host}'; pass --trust-code if you "
+                                       "trust this run directory, or give it again (--hosts)\n")
+
+
+def test_a_hosts_head_whose_remote_command_started_no_node_fails(tmp_path, capsys):
+    marker = tmp_path / "PWNFILE"
+    run_dir = write_remote_run(tmp_path, marker)
+    assert main(["train", "--resume", str(run_dir), "--trust-code"]) == 2  # trusted: it runs, and trains nothing
+    err = capsys.readouterr().err
+    assert err == (f"shoal: error: localhost: never started its node: \"sh -c 'touch {marker}; echo x' {{host}}\" "
+                   "ended without running shoal there\n")
+    assert marker.exists()
+
+
+# ---------------------------------------------------------------- model.object: inside the run directory only
+
+
+def ship(run_dir: Path, name: str = "model.object.pkl") -> Path:
+    from shoal.objects import save_object
+
+    run_dir.mkdir(exist_ok=True)
+    return save_object(nn.Linear(3, 2), run_dir / name, "model")
+
+
+def test_a_shipped_model_is_read_from_the_run_directory(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    ship(run_dir)
+    monkeypatch.chdir(tmp_path)
+    assert isinstance(build_model({"input": [3], "object": "model.object.pkl"}, run_dir), nn.Linear)
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../outside.pkl", "sub/../../outside.pkl"])
+def test_a_model_object_outside_the_run_directory_is_refused(tmp_path, name):
+    run_dir = tmp_path / "run"
+    ship(tmp_path, "outside.pkl")
+    ship(run_dir)
+    with pytest.raises(ConfigError, match=r"^model\.object: .* must name a file inside the run directory"):
+        build_model({"input": [3], "object": name}, run_dir)
+
+
+def test_a_model_object_symlinked_out_of_the_run_directory_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "model.object.pkl").symlink_to(ship(tmp_path / "elsewhere"))
+    with pytest.raises(ConfigError) as caught:
+        build_model({"input": [3], "object": "model.object.pkl"}, run_dir)
+    assert str(caught.value) == (f"model.object: {run_dir / 'model.object.pkl'} leads out of the run directory "
+                                 f"{run_dir}")
+
+
+def test_a_copied_run_without_its_pickle_does_not_read_the_originals(tmp_path, monkeypatch):
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    ship(original)
+    copy.mkdir()
+    monkeypatch.chdir(original)  # not even the current folder is looked in
+    with pytest.raises(ConfigError) as caught:
+        build_model({"input": [3], "object": "model.object.pkl"}, copy)
+    assert str(caught.value) == f"model.object: {copy / 'model.object.pkl'}: no such file in the run directory"
+
+
+def test_resume_of_a_copied_run_without_its_pickle_stops_before_any_worker(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    train = write_dataset(tmp_path / "train")
+    (run_dir / "job.toml").write_text(f'[model]\nobject = "model.object.pkl"\n[data]\ntrain = "{train}"\n')
+    assert main(["train", "--resume", str(run_dir), "--trust-code"]) == 2
+    assert capsys.readouterr().err == (f"shoal: error: model.object: {run_dir / 'model.object.pkl'}: no such file "
+                                       "in the run directory\n")
+
+
+def test_fit_names_the_shipped_model_relative_to_the_run_directory(tmp_path):
+    features = np.random.default_rng(0).normal(size=(32, 3)).astype(np.float32)
+    result = shoal.fit(model=nn.Linear(3, 2), train=(features, (features[:, 0] > 0).astype(np.int64)), workers=1,
+                       epochs=1, run_dir=tmp_path / "run", output={"progress": "none"}, checkpoint={"every": 0})
+    assert 'object = "model.object.pkl"' in (result.run_dir / "job.toml").read_text()
+    assert isinstance(result.model, nn.Linear)

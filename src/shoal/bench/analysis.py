@@ -61,6 +61,14 @@ class Analysis:
     """Worker counts whose workers x threads exceed the cores."""
     hosts: str = ""
     """The machines of a study across machines (the widest trial's), else ""."""
+    trainers: dict[int, int] = field(default_factory=dict)
+    """Per worker count, the workers that train: fewer than the workers where a parameter server and its
+    sub-masters serve (Downpour), so the ideal speedup follows the trainers, not the workers."""
+
+    def ideal_speedup(self, workers: int) -> float:
+        """The speedup over the fewest workers if training time fell in proportion to the trainers."""
+        base = min(self.workers)
+        return self.trainers.get(workers, workers) / self.trainers.get(base, base)
 
 
 def analyze(rows: list[dict], measure: str = "train_seconds", alpha: float = 0.05) -> Analysis:
@@ -89,8 +97,9 @@ def analyze(rows: list[dict], measure: str = "train_seconds", alpha: float = 0.0
     cores = min(row["cores"] for row in rows)
     oversubscribed = sorted({row["workers"] for row in rows if row["workers"] * row["threads"] > row["cores"]})
     hosts = max((row.get("hosts") or "" for row in rows), key=lambda names: len(names.split()))
+    trainers = {row["workers"]: row.get("trainers") or row["workers"] for row in rows}
     return Analysis(measure, alpha, sizes, workers, thresholds(by_rows, workers), cores, oversubscribed,
-                    hosts.replace(" ", ", "))
+                    hosts.replace(" ", ", "), trainers)
 
 
 def _mean(values) -> float | None:

@@ -100,8 +100,10 @@ def plot_speedup(analysis: Analysis) -> Figure:
     """Speedup over the fewest workers per dataset size, with the ideal (linear) line."""
     figure, (ax,) = _figure()
     base = min(analysis.workers)
-    ax.plot(analysis.workers, [count / base for count in analysis.workers], linestyle="--", color="gray",
-            label="ideal")
+    ideal = "ideal" if all(analysis.trainers.get(count, count) == count for count in analysis.workers) else \
+        "ideal (by trainers: a server's ranks do not train)"
+    ax.plot(analysis.workers, [analysis.ideal_speedup(count) for count in analysis.workers], linestyle="--",
+            color="gray", label=ideal)
     for size in analysis.sizes:
         if base not in size.cells:
             continue

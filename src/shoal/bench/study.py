@@ -46,13 +46,15 @@ COLUMNS = [
     "size", "rows", "workers", "trial", "threads", "cores", "train_seconds", "job_seconds", "load_seconds",
     "wall_seconds", "compute_seconds", "communication_seconds", "data_seconds", "evaluation_seconds", "epochs",
     "samples_per_second", "train_loss", "test_loss", "test_accuracy", "test_auc", "run_dir", "finished",
-    "nodes", "hosts",
+    "nodes", "hosts", "trainers",
 ]
-OPTIONAL = {"nodes", "hosts"}  # absent from studies made before studies across machines
+OPTIONAL = {"nodes", "hosts", "trainers"}  # absent from studies made before studies across machines (and trainers)
 """train_seconds: the epochs' training time (sum of epoch_end seconds: no loading, evaluation or
 checkpoints); job_seconds: the job after loading; wall_seconds: the whole trial, process start
 included; the four split columns are the per-epoch means over workers, summed over epochs."""
-NUMBERS = {"rows": int, "workers": int, "trial": int, "threads": int, "cores": int, "epochs": int, "nodes": int}
+NUMBERS = {"rows": int, "workers": int, "trial": int, "threads": int, "cores": int, "epochs": int, "nodes": int,
+           "trainers": int}
+"""trainers: the workers that train; a parameter-server algorithm's server and sub-masters do not."""
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,8 @@ def run_trial(job: JobConfig, out: Path, size: Size, workers: int, trial: int, a
         shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted trial leaves nothing to mistake for one
         raise
     threads = threads_per_worker(config.cluster.threads, workers)
-    return trial_row(out, run_dir, size, workers, trial, threads, available, time.perf_counter() - began)
+    row = trial_row(out, run_dir, size, workers, trial, threads, available, time.perf_counter() - began)
+    return row | {"trainers": trainer_count(config.to_dict(), workers)}
 
 
 def run_trial_on_hosts(job: JobConfig, job_file: Path, out: Path, size: Size, place: Placement, trial: int,
@@ -209,7 +212,8 @@ def run_trial_on_hosts(job: JobConfig, job_file: Path, out: Path, size: Size, pl
     threads = read_history(run_dir).start.threads  # as the hosts chose them
     row = trial_row(out, run_dir, size, place.workers, trial, threads, cores() * place.nodes,
                     time.perf_counter() - began)
-    return row | {"nodes": place.nodes, "hosts": " ".join(host.name for host in hosts)}
+    return row | {"nodes": place.nodes, "hosts": " ".join(host.name for host in hosts),
+                  "trainers": trainer_count(job.to_dict(), place.workers)}
 
 
 def trial_row(out: Path, run_dir: Path, size: Size, workers: int, trial: int, threads: int, available: int,
@@ -234,6 +238,28 @@ def trial_row(out: Path, run_dir: Path, size: Size, workers: int, trial: int, th
     }
 
 
+def trainer_count(job: dict, workers: int) -> int:
+    """How many of `workers` train under the job's algorithm (as `JobConfig.to_dict` or study.json's job
+    gives it): all of them, less a parameter-server algorithm's server and sub-masters."""
+    from shoal.algorithms import make_algorithm, trainer_ranks
+
+    options = dict(job.get("algorithm") or {})  # to_dict flattens the options beside the name
+    made = make_algorithm(options.pop("name", "sync"), options, (job.get("cluster") or {}).get("groups", 1))
+    return len(trainer_ranks(made, workers))
+
+
+def _fill_trainers(out: Path, rows: list[dict]) -> list[dict]:
+    """Rows of a study made before the trainers column: their counts from the job in study.json."""
+    if all(row.get("trainers") is not None for row in rows) or not (out / STUDY_FILE).exists():
+        return rows
+    try:
+        job = json.loads((out / STUDY_FILE).read_text())["job"]
+        return [row if row.get("trainers") is not None else row | {"trainers": trainer_count(job, row["workers"])}
+                for row in rows]
+    except (OSError, ValueError, KeyError, TypeError, ShoalError):
+        return rows  # the analysis then counts every worker as a trainer
+
+
 def read_trials(out: Path) -> list[dict]:
     """The rows of out/trials.csv with numbers as numbers (empty cells as None); [] when there is none."""
     path = out / TRIALS_FILE
@@ -250,7 +276,7 @@ def read_trials(out: Path) -> list[dict]:
                 rows.append({"nodes": 1, "hosts": ""} | {key: _number(key, value) for key, value in row.items()})
             except ValueError:
                 raise ConfigError(f"{path}:{line}: not a number where one belongs") from None
-    return rows
+    return _fill_trainers(out, rows)
 
 
 def write_trials(out: Path, rows: list[dict]) -> None:

@@ -23,6 +23,7 @@ from shoal.cluster.environments import TorchElastic, detect
 from shoal.cluster.environments.mpi import MPI_LAUNCHERS, agree_master
 from shoal.cluster.interface import choose_interface
 from shoal.cluster.orphan import under_shoal_launcher
+from shoal.cluster.store import group_store, worker_secret
 from shoal.errors import ShoalError
 
 
@@ -88,6 +89,8 @@ def init_process_group(info: DistInfo, device: torch.device, timeout: float, req
     # the interface that reaches the other machines, not the hostname's loopback
     choose_interface(one_machine=one_machine)
     attempt, store = agree_attempt(info, master, timeout)
+    if worker_secret() and not store:  # shoal's launcher: the group's keys too under the job's secret
+        store = {"store": dist.PrefixStore("default_pg", rendezvous_store(info, timeout))}
     if requested == "auto" or device.type == "cuda":
         agreed_in = store.get("store") or rendezvous_store(info, timeout)
         device = agree_device(requested or "cuda", device, agreed_in, info.rank, info.world_size, info.host)
@@ -109,7 +112,8 @@ def rendezvous_store(info: DistInfo, timeout: float) -> dist.Store:
     """The job's store at MASTER_ADDR:MASTER_PORT, served by rank 0, as `init_process_group` opens it."""
     store, _, _ = next(dist.rendezvous("env://", info.rank, info.world_size, timeout=timedelta(seconds=timeout)))
     store.set_timeout(timedelta(seconds=timeout))
-    return store
+    secret = worker_secret()
+    return group_store(store, secret) if secret else store
 
 
 def agree_attempt(info: DistInfo, master: tuple[str, int], timeout: float) -> tuple[int, dict]:

@@ -35,10 +35,10 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 from typing import NoReturn
 
+from shoal.cluster import scratch
 from shoal.cluster.orphan import LAUNCHER_VARIABLE
 from shoal.process import end_process, flush_output
 
@@ -63,7 +63,7 @@ class ForkServer:
 
     def __init__(self, module: str):
         self.module = module
-        self.folder = tempfile.mkdtemp(prefix="shoal-forkserver-")  # mode 0700: no other user may ask it for workers
+        self.folder = scratch.make(scratch.SERVER)  # mode 0700: no other user may ask it for workers
         self.path = os.path.join(self.folder, "socket")
         control, self.control = os.pipe()  # the server's end reads EOF once this process ends, however it ends
         self.ready, ready = os.pipe()  # the server writes READY once it has imported the module
@@ -166,6 +166,7 @@ def serve(listening: int, control: int, ready: int, module: str) -> None:
     finally:
         listener.close()
         shutil.rmtree(folder, ignore_errors=True)  # a launcher killed outright cannot
+        scratch.sweep()  # nor its launches' folders: gone with it, it cannot say, nor remove them
 
 
 def _can_fork_workers(module: str) -> bool:

@@ -20,7 +20,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from shoal.cluster.env import DistInfo
-from shoal.cluster.store import REQUEST_SECONDS, STORE_ERRORS, Bounded
+from shoal.cluster.store import REQUEST_SECONDS, STORE_ERRORS, Bounded, Sealed, worker_secret
 
 HEARTBEAT_SECONDS = 1.0
 SILENT_KEY = "shoal/silent"
@@ -61,8 +61,10 @@ def attempt_store(store: dist.Store, attempt: int) -> dist.Store:
 
 
 def liveness_store(info: DistInfo) -> dist.Store:
-    """Where this worker beats and listens: the job's store, in this attempt's keys."""
-    return attempt_store(job_store(info), info.restarts)
+    """Where this worker beats and listens: the job's store, in this attempt's keys (under the job's secret
+    when shoal's launcher handed one: its launcher reads the verdict there)."""
+    store, secret = attempt_store(job_store(info), info.restarts), worker_secret()
+    return Sealed(store, secret) if secret and not isinstance(store, dist.HashStore) else store
 
 
 class Heartbeat:

@@ -16,7 +16,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 from pathlib import Path
 
 import psutil
@@ -26,11 +25,11 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 
-from shoal.cluster import forkserver
+from shoal.cluster import forkserver, scratch
 from shoal.cluster.orphan import LAUNCHER_VARIABLE
 from shoal.cluster.signals import Interrupted, caller_signal_handlers, handled_signals
 from shoal.errors import EXIT_USAGE, WorkerError, lost_peer
-from shoal.events import WorkerFailed
+from shoal.events import JobRestarted, WorkerFailed
 
 SHUTDOWN_SECONDS = 5  # after SIGTERM, how long workers get before SIGKILL
 WORKER_MODULE = forkserver.WORKER_MODULE
@@ -53,8 +52,10 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezv
         arguments += ["--callbacks", str(callbacks)]
     server = forkserver.running()  # `shoal train` started one: the workers come already imported
     arguments = server.arguments(arguments) if server else ["-u", "-m", WORKER_MODULE, *arguments]
-    # torch's default log folder is a /tmp/torchelastic_* left behind by every job
-    logs = tempfile.mkdtemp(prefix="shoal-launch-")
+    # torch's default log folder is a /tmp/torchelastic_* left behind by every job; ours is named by this
+    # process, so a later launch (or the fork server) removes it should this one be killed outright
+    scratch.sweep()
+    logs = scratch.make(scratch.LOGS)
     try:
         agent = make_agent(rendezvous, workers, arguments, logs)
         with _quiet_elastic(), caller_signal_handlers(), workers_environment(variables):
@@ -184,3 +185,10 @@ def describe_failure(error: ChildFailedError) -> WorkerError:
     worker_error.failure = WorkerFailed(rank=rank, host=host, exit_code=failure.exitcode, signal=signal_name,
                                         message=message)
     return worker_error
+
+
+def restart_line(failure: str, restart: JobRestarted, max_restarts: int) -> str:
+    """What the launcher says as it restarts the workers: the failure (rank, host, how it ended), and where
+    the job goes on from."""
+    start = f"epoch {restart.from_epoch}'s checkpoint" if restart.from_epoch else "the start (no checkpoint yet)"
+    return f"shoal: {failure}; restarting from {start}, restart {restart.restart} of {max_restarts}"

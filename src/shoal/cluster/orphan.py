@@ -8,11 +8,18 @@ writing nothing more. Polling the parent's pid is used rather than PR_SET_PDEATH
 when the launcher's starting *thread* ends, not the launcher. A worker forked by `shoal train`'s fork
 server (shoal.cluster.forkserver) has the server for its parent and launcher, and the server ends as
 soon as the launcher does.
+
+A helper process that its starting thread waits on (a `shoal predict` pool worker) uses the kernel's
+PR_SET_PDEATHSIG instead (`die_with_parent`): the starting thread outlives the helper there, and the
+kernel's SIGKILL lands at once, where a poll would let it write on for up to a second.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+import signal
 import sys
 import threading
 import time
@@ -46,6 +53,27 @@ def end_with_parent(interval: float = CHECK_SECONDS, environment: dict = os.envi
     thread = threading.Thread(target=watch, name="shoal-orphan-watch", daemon=True)
     thread.start()
     return thread
+
+
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when its parent ends; `parent`, the pid the parent had when it
+    started this process, tells a parent already gone (then this process stops at once). Where there is no
+    prctl (not Linux), a daemon thread polls instead."""
+    if not sys.platform.startswith("linux") or _prctl_death_signal(signal.SIGKILL) != 0:
+        end_with_parent()
+    if os.getppid() != parent:  # died before the signal was asked for: it will never come
+        os._exit(ORPHAN_EXIT)
+
+
+def _prctl_death_signal(number: int) -> int:
+    try:
+        library = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return library.prctl(PR_SET_PDEATHSIG, int(number), 0, 0, 0)
+    except (OSError, AttributeError):
+        return -1
 
 
 def _stop(launcher: int) -> None:

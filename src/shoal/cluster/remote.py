@@ -7,6 +7,10 @@ its rank, the worker count, the endpoint and the same run directory, so nothing 
 The job file, the data and shoal itself must be at the same paths on every host (a shared home,
 or the same image), as mpirun expects. Each host's output comes back prefixed by its name.
 
+The head makes up the job's secret (see shoal.cluster.rendezvous) and writes it as the first line
+of each node's input, which it keeps open anyway: it is never on a command line, where `ps` on
+either machine would show it.
+
 Ctrl-C (or SIGTERM) stops every host: the head closes each node's input and interrupts its
 remote command. A node started this way stops when its input closes, so a lost ssh connection
 stops that node too. A host that cannot be reached (ssh's exit status 255) is one line naming it,
@@ -119,8 +123,8 @@ def node_commands(hosts: list[Host], arguments: list[str], workers: int, port: i
 class Fleet:
     """The head: every host's node started, its output relayed, stopped together."""
 
-    def __init__(self, hosts: list[Host], commands: list[list[str]], template: str):
-        self.hosts, self.commands, self.template = hosts, commands, template
+    def __init__(self, hosts: list[Host], commands: list[list[str]], template: str, secret: str = ""):
+        self.hosts, self.commands, self.template, self.secret = hosts, commands, template, secret
         self.processes: list[subprocess.Popen] = []
         self.printing = threading.Lock()
         self.relays: list[threading.Thread] = []
@@ -149,6 +153,11 @@ class Fleet:
             raise ShoalError(f"cluster.remote: cannot run {shlex.split(self.template)[0]!r} for {host.name}: "
                              f"{error.strerror}") from None
         self.processes.append(process)
+        try:
+            process.stdin.write(f"{self.secret}\n".encode())
+            process.stdin.flush()
+        except OSError:  # the remote command is gone already: its exit says why
+            pass
         relay = threading.Thread(target=self.relay, args=(host.name, process), daemon=True)
         relay.start()
         self.relays.append(relay)
@@ -181,10 +190,23 @@ class Fleet:
                 settle_until = time.monotonic() + SETTLE_SECONDS
             codes = [process.poll() for process in self.processes]
             if all(code is not None for code in codes):
-                return self.failure[1] if self.failure else max(codes)
+                if self.failure:
+                    return self.failure[1]
+                self.check_started()
+                return max(codes)
             if settle_until is not None and time.monotonic() > settle_until:  # the others did not follow
                 self.stop(signal.SIGINT)
             time.sleep(0.1)
+
+    def check_started(self) -> None:
+        """Every node ended well: each must have said it started, or the remote command ran something else
+        (a template that drops the command line exits 0 having trained nothing)."""
+        for relay in self.relays:
+            relay.join(timeout=5)  # the nodes' last lines
+        for host in self.hosts:
+            if host.name not in self.reached:
+                raise ShoalError(f"{host.name}: never started its node: {self.template!r} ended without running "
+                                 "shoal there")
 
     def stop(self, number: int) -> None:
         """Close every node's input and interrupt its remote command; kill what outlives STOP_SECONDS."""
@@ -211,16 +233,17 @@ class Fleet:
                 process.wait()
 
 
-def stop_when_input_closes() -> threading.Thread:
+def stop_when_input_closes() -> str | None:
     """A node started by the head: say so (the head tells an unreachable host from a failed node by it),
-    and interrupt this launcher when its input closes (Ctrl-C at the head, or a lost connection)."""
+    and interrupt this launcher when its input closes (Ctrl-C at the head, or a lost connection).
+    Returns the job's secret, the input's first line (None if there is none)."""
     print(f"{STARTED} on {socket.gethostname()}", flush=True)
+    secret = sys.stdin.buffer.readline().decode(errors="replace").strip() or None
 
     def watch() -> None:
         while sys.stdin.buffer.read(65536):
             pass
         os.kill(os.getpid(), signal.SIGINT)
 
-    thread = threading.Thread(target=watch, name="shoal-input-watch", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=watch, name="shoal-input-watch", daemon=True).start()
+    return secret

@@ -9,7 +9,13 @@ all restart or all stop. A node that does not come back within the timeout fails
 its host named. torch's static rendezvous has no way to bring the other nodes back, and its
 dynamic one chooses node ranks itself; this keeps `--node-rank` and one restart loop for both.
 
-Keys: `run_id`, `node/next` (arrival order), `node/K/{claim,host}`,
+Anyone who reaches the store's port may send it requests (torch's TCPStore asks no password),
+so every key below lives under a name only the job's secret computes (shoal.cluster.store.Sealed):
+a random one on a single machine, `--rdzv-id` or `--secret-file` across machines, or the one a
+`--hosts` head hands its nodes on their input. Node 0's store listens on loopback when the endpoint
+is a loopback address.
+
+Keys: `run_id`, `node/next` (arrival order), `node/K/{claim,host,workers}`,
 `attempt/N/{port,joined/K,report/K,failed,decision}`, `end` (the job was stopped or failed outside
 an attempt; every node leaves) and `left/K` (a follower is done: the leader may close the store).
 """
@@ -20,10 +26,14 @@ import contextlib
 import ipaddress
 import json
 import os
+import secrets
 import socket
+import stat
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
@@ -36,6 +46,7 @@ from shoal.errors import ConfigError, WorkerError, first_line
 from shoal.events import WorkerFailed
 
 REPORT_SECONDS = 8.0  # how long the leader waits for every node's account of a failure
+PUBLIC_KEY = "shoal"  # the one key outside the secret's names: a shoal job holds this store
 
 
 @dataclass
@@ -46,6 +57,8 @@ class Nodes:
     rank: int | None = None
     endpoint: str | None = None
     run_id: str | None = None
+    secret: str | None = None
+    """What every node of the job holds and nobody else does (--rdzv-id, --secret-file, or a --hosts head's)."""
 
     def address(self) -> tuple[str, int]:
         """The rendezvous endpoint as (host, port); a single machine uses 127.0.0.1 and a free port."""
@@ -96,24 +109,43 @@ def resolve(host: str) -> str:
         raise ConfigError(f"--rdzv-endpoint: cannot resolve {host!r}: {error}") from None
 
 
-def is_address(host: str) -> bool:
+def read_secret(path: Path) -> str:
+    """The job's secret from a file only its owner may read (--secret-file)."""
     try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
+        mode = os.stat(path).st_mode
+        text = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--secret-file: cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"--secret-file: {path} may be read by others (mode {stat.S_IMODE(mode):o}); "
+                          f"chmod 600 {path}")
+    if not text:
+        raise ConfigError(f"--secret-file: {path} is empty")
+    return text
+
+
+def job_secret(nodes: Nodes) -> str:
+    """The secret the job's keys are named by: the one given, a fresh one on a single machine, or, for
+    machines started by hand without one, a name anyone knows (said on stderr: anyone may then steer the job)."""
+    if nodes.secret or nodes.run_id:
+        return nodes.secret or nodes.run_id
+    if nodes.count == 1:
+        return secrets.token_hex(16)
+    print(f"shoal: warning: no --rdzv-id or --secret-file: the job's store at {nodes.endpoint} obeys anyone who "
+          "can reach it; give every machine the same random --rdzv-id (openssl rand -hex 16)", file=sys.stderr)
+    return "shoal"
 
 
 class Meeting:
     """This node's membership of the job: its node rank, the hosts, and the attempts."""
 
-    def __init__(self, nodes: Nodes, timeout: float):
-        self.nodes, self.count, self.timeout = nodes, nodes.count, timeout
+    def __init__(self, nodes: Nodes, timeout: float, workers: int = 1):
+        self.nodes, self.count, self.timeout, self.workers = nodes, nodes.count, timeout, workers
         self.host = socket.gethostname()
         self.endpoint_host, self.port = nodes.address()
-        self.worker_store: dist.TCPStore | None = None  # the leader's store for attempt n's workers
-        self.store, self.node_rank, self.bind = self._open()
-        self.port = self.store.port  # the one picked when asked for any
+        self.secret = job_secret(nodes)
+        self.worker_store: stores.Sealed | None = None  # the leader's store for attempt n's workers
+        self.store, self.node_rank, self.bind, self.port = self._open()
         self.leader = self.node_rank == 0
         self.hosts = self._introduce()
         self.attempt = -1  # the latest attempt begun
@@ -121,16 +153,18 @@ class Meeting:
 
     # ------------------------------------------------------------------ joining once
 
-    def _open(self) -> tuple[stores.Bounded, int, str | None]:
-        """Hold the store (the leader) or join it; returns (store, node rank, address the leader binds)."""
+    def _open(self) -> tuple[stores.Sealed, int, str | None, int]:
+        """Hold the store (the leader) or join it; returns (store, node rank, address the leader binds, port)."""
         nodes, host = self.nodes, self.endpoint_host
         deadline = time.monotonic() + self.timeout
-        bind = self._bind_address()
+        bind = bind_address(self.endpoint_host, nodes.endpoint is not None)
         if bind is not None and nodes.rank in (None, 0):
             try:
-                store = stores.Bounded(stores.serve(bind, self.port))
+                server = stores.Bounded(stores.serve(bind, self.port))
+                store = stores.Sealed(server, self.secret)
                 store.set("run_id", nodes.run_id or "shoal")
-                return store, 0, bind
+                server.set(PUBLIC_KEY, "1")
+                return store, 0, bind, server.port  # the port picked when asked for any
             except (OSError, RuntimeError) as error:
                 if nodes.rank == 0:
                     raise WorkerError(f"{self.host}: cannot listen on {host}:{self.port}: {first_line(error)}") \
@@ -139,26 +173,20 @@ class Meeting:
         if nodes.rank == 0:
             raise ConfigError(f"--rdzv-endpoint: {host} is not an address of this machine ({self.host}); "
                               "node 0 holds the job's store there")
-        store = stores.connect(host, self.port, deadline, "the job's store")
-        if stores.wait_for(store, ["run_id"], deadline):
+        server = stores.connect(host, self.port, deadline, "the job's store")
+        store = stores.Sealed(server, self.secret)
+        if stores.wait_for(server, [PUBLIC_KEY], deadline):
             raise WorkerError(f"{host}:{self.port} answers but holds no shoal job")
+        if not store.check(["run_id"]):  # set before the public key: this job's secret is not ours
+            raise ConfigError(f"--rdzv-id: {host}:{self.port} holds a shoal job with another --rdzv-id "
+                              "(or --secret-file)")
         run_id = store.get("run_id").decode()
         if run_id != (nodes.run_id or "shoal"):
             raise ConfigError(f"--rdzv-id: {host}:{self.port} holds job {run_id!r}, not {nodes.run_id or 'shoal'!r}")
         rank = nodes.rank if nodes.rank is not None else store.add("node/next", 1)
         if rank >= self.count:
             raise ConfigError(f"--nnodes: {host}:{self.port} already has its {self.count} machines")
-        return store, rank, None
-
-    def _bind_address(self) -> str | None:
-        """The address the leader's store listens on, or None when the endpoint is not on this machine."""
-        if self.nodes.endpoint is None:
-            return "127.0.0.1"
-        address = resolve(self.endpoint_host)
-        if ipaddress.ip_address(address).is_loopback:
-            # a hostname that resolves to 127.0.1.1 here (stock Debian) and to this machine elsewhere
-            return address if self.count == 1 or is_address(self.endpoint_host) else "0.0.0.0"
-        return address if address in local_addresses() else None
+        return store, rank, None, self.port
 
     def _introduce(self) -> list[str]:
         """Claim the node rank and learn every node's host."""
@@ -167,6 +195,7 @@ class Meeting:
             taken = self.store.get(f"node/{self.node_rank}/claim").decode()
             raise ConfigError(f"--node-rank: node {self.node_rank} is already taken by {taken}; give every machine "
                               "its own rank, or none to any")
+        self.store.set(f"node/{self.node_rank}/workers", str(self.workers))  # before the host: read with it
         self.store.set(f"node/{self.node_rank}/host", self.host)
         keys = [f"node/{rank}/host" for rank in range(self.count)]
         missing = self._wait(keys, time.monotonic() + self.timeout)
@@ -176,6 +205,14 @@ class Meeting:
                               f"{self.endpoint_host}:{self.port} within {self.timeout:g} s (missing node {absent})")
         return [value.decode() for value in self.store.multi_get(keys)]
 
+    def check_workers(self) -> None:
+        """torch numbers every node's workers alike: nodes with different --workers would wait for ever."""
+        counts = [int(value) for value in self.store.multi_get([f"node/{rank}/workers" for rank in range(self.count)])]
+        if len(set(counts)) > 1:
+            told = ", ".join(f"node {rank} ({host}) {count}" for rank, (host, count) in
+                             enumerate(zip(self.hosts, counts)))
+            raise ConfigError(f"--workers: every machine must run the same number of workers, got {told}")
+
     # ------------------------------------------------------------------ each attempt
 
     def begin(self, attempt: int) -> tuple[str, int]:
@@ -183,8 +220,9 @@ class Meeting:
         prefix, self.attempt = f"attempt/{attempt}", attempt
         if self.leader:
             self.worker_store = None  # the last attempt's store closes
-            self.worker_store = stores.serve(self.bind)
-            self.store.set(f"{prefix}/port", str(self.worker_store.port))
+            server = stores.serve(self.bind)
+            self.worker_store = stores.Sealed(server, self.secret)
+            self.store.set(f"{prefix}/port", str(server.port))
         self.store.set(f"{prefix}/joined/{self.node_rank}", "1")
         missing = self._wait([f"{prefix}/port"] + [f"{prefix}/joined/{rank}" for rank in range(self.count)],
                              time.monotonic() + self.timeout)
@@ -254,14 +292,35 @@ class Meeting:
             if ended is not None:
                 raise WorkerError(ended)
 
-    def watcher_store(self) -> stores.Bounded:
+    def watcher_store(self) -> stores.Sealed:
         """A second connection, for the thread that watches an attempt while the agent uses the first."""
         address = self.bind if self.bind not in (None, "0.0.0.0") else self.endpoint_host
-        return stores.connect(address, self.port, time.monotonic() + stores.REQUEST_SECONDS, "the job's store")
+        server = stores.connect(address, self.port, time.monotonic() + stores.REQUEST_SECONDS, "the job's store")
+        return stores.Sealed(server, self.secret)
 
     def close(self) -> None:
         self.worker_store = None
         self.store = None
+
+
+def bind_address(endpoint_host: str, given: bool) -> str | None:
+    """The address node 0's stores listen on, or None when the endpoint is not on this machine. A name that
+    resolves to loopback (localhost, 127.0.0.1) keeps them on loopback, except this machine's own name: a
+    stock Debian or Ubuntu box maps it to 127.0.1.1, while the other machines reach it under that name, so
+    the stores listen on every address (the job's secret guards them)."""
+    if not given:
+        return "127.0.0.1"
+    address = resolve(endpoint_host)
+    if ipaddress.ip_address(address).is_loopback:
+        return "0.0.0.0" if is_own_name(endpoint_host) else address
+    return address if address in local_addresses() else None
+
+
+def is_own_name(host: str) -> bool:
+    """Whether `host` is this machine's name (short or fully qualified), as other machines would call it."""
+    names = {socket.gethostname(), socket.getfqdn()}
+    names |= {name.split(".")[0] for name in names}
+    return host.lower() in {name.lower() for name in names if name and name != "localhost"}
 
 
 class AttemptRendezvous(RendezvousHandler):

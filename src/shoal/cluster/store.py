@@ -6,10 +6,17 @@ request never returns at all. shoal's launchers hold their job's store on the on
 other machines reach (127.0.0.1 for a single machine) by handing torch a socket bound there,
 send every request of their own from a helper thread with a deadline, and wait on keys in short
 polls, so a signal or a lost machine stops them within seconds.
+
+Nor does a TCPStore ask who connects, and it lists its keys to anyone: a job's own keys live under
+names that only its secret computes (`Sealed`: an HMAC of each name), so that a process without the
+secret can neither find nor set the keys the job acts on ("end", a failure flag, a decision).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
 import socket
 import threading
 import time
@@ -50,7 +57,8 @@ def serve(address: str, port: int = 0) -> dist.TCPStore:
 
 
 def connect(address: str, port: int, deadline: float, what: str) -> Bounded:
-    """A client of the store at address:port, tried until `deadline` (time.monotonic)."""
+    """A client of the store at address:port, tried until `deadline` (time.monotonic); `Sealed` around it
+    for the job's own keys."""
     while True:
         try:  # a plain connect first: torch's own retries overrun the deadline and print stack traces
             socket.create_connection((address, port), timeout=REQUEST_SECONDS).close()
@@ -99,6 +107,57 @@ def _call(method, arguments: tuple, outcome: list) -> None:
         outcome.append((method(*arguments), None))
     except BaseException as error:  # handed to the caller's thread
         outcome.append((None, error))
+
+
+SECRET_VARIABLE = "SHOAL_JOB_SECRET"
+"""The job's secret, handed by the launcher to its workers in their environment (never on a command line)."""
+
+
+def secret_name(secret: str, key: str) -> str:
+    """The store's name for `key` in the job holding `secret`: nothing about the key or the secret shows."""
+    return "shoal-" + hmac.new(secret.encode(), key.encode(), hashlib.sha256).hexdigest()[:40]
+
+
+class Sealed:
+    """The job's keys in a store anyone may reach, under names only the job's secret computes."""
+
+    def __init__(self, store, secret: str):
+        self.store, self.secret = store, secret
+
+    def name(self, key: str) -> str:
+        return secret_name(self.secret, key)
+
+    @property
+    def port(self) -> int:
+        return self.store.port
+
+    def set(self, key: str, value) -> None:
+        self.store.set(self.name(key), value)
+
+    def get(self, key: str) -> bytes:
+        return self.store.get(self.name(key))
+
+    def check(self, keys: list[str]) -> bool:
+        return self.store.check([self.name(key) for key in keys])
+
+    def compare_set(self, key: str, expected, desired) -> bytes:
+        return self.store.compare_set(self.name(key), expected, desired)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return self.store.multi_get([self.name(key) for key in keys])
+
+    def add(self, key: str, amount: int) -> int:
+        return self.store.add(self.name(key), amount)
+
+
+def group_store(store: dist.Store, secret: str) -> dist.Store:
+    """The process group's own keys (torch names them itself) under a prefix only the secret computes."""
+    return dist.PrefixStore(secret_name(secret, "process group"), store)
+
+
+def worker_secret(environ=os.environ) -> str | None:
+    """The secret shoal's launcher handed this worker, if it was started by one."""
+    return environ.get(SECRET_VARIABLE) or None
 
 
 def wait_for(store: dist.Store, keys: list[str], deadline: float) -> list[str]:

@@ -128,19 +128,20 @@ class ShareCache:
     def _write(self, dataset: Dataset, start: int, stop: int, chunk_rows: int) -> None:
         """Copy the rows from the store into the cache folder, then publish the marker, last and durably."""
         temporary = {part: leftovers.owned_name(self.base + part) for part in PARTS}
-        try:
-            with open(temporary[".features"], "wb") as handle:
+        try:  # each temporary made new ("x"): never a file or link planted under its name
+            with open(temporary[".features"], "xb") as handle:
                 labels = self._copy(dataset, start, stop, chunk_rows, handle)
-            with open(temporary[".labels.npy"], "wb") as handle:
+            with open(temporary[".labels.npy"], "xb") as handle:
                 np.save(handle, labels)
             for part in (".features", ".labels.npy"):
                 replace_durably(temporary[part], self.base + part)
-            with open(temporary[".json"], "w") as handle:
+            with open(temporary[".json"], "x") as handle:
                 json.dump(self._marker(dataset), handle)
             replace_durably(temporary[".json"], self.base + ".json")
         except OSError as error:
             self._remove(temporary)
-            raise DataError(f"{self.folder}: cannot write the local cache of the share: {error}") from None
+            reason = error.strerror or error  # not the temporary's name
+            raise DataError(f"{self.folder}: cannot write the local cache of the share: {reason}") from None
         except BaseException:
             self._remove(temporary)
             raise

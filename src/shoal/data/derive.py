@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from shoal.data.describe import as_dataset, class_indices
-from shoal.data.format import Dataset, DatasetWriter, open_dataset
+from shoal.data.format import Dataset, DatasetWriter, full_disk, open_dataset
+from shoal.durable import disk_full
 from shoal.errors import DataError
 
 # meta.json keys the writer derives from the rows; every other key is carried to derived sets.
@@ -237,10 +238,12 @@ def _write(dataset: Dataset, outputs: list[tuple[str, np.ndarray, dict[str, Any]
         for writer in writers:
             writer.close()
             finished.append(writer.path)
-    except BaseException:
+    except BaseException as error:
         for writer in writers:
             writer.abort()
         for path in finished:  # an earlier output already in place goes too: all or nothing
             shutil.rmtree(path, ignore_errors=True)
+        if disk_full(error):
+            raise full_disk(" and ".join(path for path, _, _ in outputs)) from None
         raise
     return [open_dataset(path) for path, _, _ in outputs]

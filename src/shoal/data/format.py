@@ -8,8 +8,10 @@ sample shape, dtypes, classes and the row count of every file and row group. The
 let each worker open only the row groups that hold its rows. Writers build the folder under a
 temporary name and rename it at the end, so an interrupted write leaves no dataset behind; the
 temporary name carries its owner, so one left by a killed writer goes at the next write to
-the same folder (see `shoal.data.leftovers`). Reads from a store are retried when they fail in
-a way that may pass (`shoal.data.retry`), and reads for training refuse NaN and infinity,
+the same folder (see `shoal.data.leftovers`). An existing folder is replaced (`overwrite`) only
+when it is a shoal dataset, and atomically: the new one is renamed in once the old one is renamed
+aside, which goes last; a symbolic link as the output folder is refused. Reads from a store are
+retried when they fail in a way that may pass (`shoal.data.retry`), and reads for training refuse NaN and infinity,
 naming the file and row, before they can turn into a NaN loss or NaN metrics.
 
 Version 1 stored features as a fixed-size list column; Parquet decodes lists through two
@@ -24,6 +26,7 @@ import json
 import math
 import os
 import shutil
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +39,7 @@ import pyarrow.parquet as pq
 from shoal.data import leftovers
 from shoal.data.meta import FORMAT_NAME, FORMAT_VERSION, check_meta, number_dtype
 from shoal.data.retry import after_failure, retried, transient
-from shoal.durable import replace_durably
+from shoal.durable import disk_full, replace_durably
 from shoal.errors import DataError
 
 ROW_GROUP_BYTES = 16 * 2**20  # the unit a worker reads: small enough to bound memory, large enough to stream
@@ -220,7 +223,7 @@ class Dataset:
         for values, what in ((block, "feature"), (label if self.classes is None else None, "label")):
             bad = first_non_finite(values)
             if bad is not None:
-                at, value = row + bad[0], bad[1]
+                at, value = row + bad[0] + 1, bad[1]  # counted from 1, as the importers count rows
                 raise DataError(f"{self.path}/{info.name}: row {at} of the dataset (row {at - first} of the file) "
                                 f"holds a non-finite {what} ({value}): fix or drop it at the source and import again")
 
@@ -304,6 +307,42 @@ def _read_whole(filesystem: pafs.FileSystem, path: str) -> bytes:
         return stream.read()
 
 
+def check_output(path: str, overwrite: bool, shown: str | None = None) -> None:
+    """`path` may become a dataset folder: absent, or (with `overwrite`) a shoal dataset to replace; never a
+    link, a file, or a folder holding anything but a dataset's files (`shown`: the path as the user gave it)."""
+    shown = shown or path
+    if os.path.islink(path):
+        raise DataError(f"{shown}: a symbolic link; shoal writes a dataset into a folder of its own, never through "
+                        "a link (choose another output folder)")
+    if not os.path.exists(path):
+        return
+    if not overwrite:
+        raise DataError(f"{shown}: already exists (choose another output folder)")
+    if not is_dataset_folder(path):
+        raise DataError(f"{shown}: not a shoal dataset (a {META_FILE} of format {FORMAT_NAME!r} and Parquet files, "
+                        "nothing else), so --force will not delete it: remove it yourself or choose another "
+                        "output folder")
+
+
+def is_dataset_folder(path: str) -> bool:
+    """Whether `path` is a folder shoal wrote as a dataset: its meta.json says so, and it holds only its files."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        return False
+    for entry in os.scandir(path):
+        if not (entry.is_file(follow_symlinks=False) and (entry.name == META_FILE or entry.name.endswith(".parquet"))):
+            return False
+    try:
+        with open(os.path.join(path, META_FILE), "rb") as handle:
+            meta = json.load(handle)
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT_NAME and isinstance(meta.get("files"), list)
+
+
+def full_disk(path: str) -> DataError:
+    return DataError(f"{path}: the disk is full; nothing was written (free some space, then write it again)")
+
+
 class DatasetWriter:
     """Streams batches of rows into a new dataset folder, made visible only by `close()`.
 
@@ -331,8 +370,8 @@ class DatasetWriter:
         if "://" in str(path):
             raise DataError(f"{path}: datasets are written to local folders (copy the folder to the store after)")
         self.path = os.path.abspath(path)
-        if os.path.exists(self.path) and not overwrite:
-            raise DataError(f"{path}: already exists (choose another output folder)")
+        self.shown = str(path)  # as the user gave it: messages never name the temporary folder
+        check_output(self.path, overwrite, self.shown)
         self.shape = tuple(int(s) for s in shape)
         self.features = math.prod(self.shape)
         self.feature_dtype = np.dtype(feature_dtype)
@@ -371,11 +410,15 @@ class DatasetWriter:
         if kind is None:
             try:
                 self.close()
-            except BaseException:
+            except BaseException as error:
                 self.abort()  # close() failing (a full disk, say) must not leave the folder behind either
+                if disk_full(error):
+                    raise full_disk(self.shown) from None
                 raise
         else:
             self.abort()
+            if disk_full(value):
+                raise full_disk(self.shown) from None
 
     def write(self, features: np.ndarray, labels: np.ndarray | None = None) -> None:
         """Append rows: features (n, *shape) or (n, prod(shape)), labels (n,) (None for an unlabeled dataset)."""
@@ -481,13 +524,29 @@ class DatasetWriter:
         }
         with open(os.path.join(self._temporary, META_FILE), "w") as handle:
             json.dump(meta, handle, indent=1)
-        if os.path.exists(self.path):
-            if not self.overwrite:
-                self.abort()
-                raise DataError(f"{self.path}: already exists (choose another output folder)")
-            shutil.rmtree(self.path)
-        replace_durably(self._temporary, self.path)  # every file on disk before the dataset counts
+        try:
+            check_output(self.path, self.overwrite, self.shown)  # again: the folder may have changed meanwhile
+        except DataError:
+            self.abort()
+            raise
+        self._move_in()
         leftovers.release(self._temporary)
+
+    def _move_in(self) -> None:
+        """Rename the finished folder into place; a dataset already there is renamed aside first and removed
+        last, so at every moment one whole dataset is on disk (never deleted, then renamed)."""
+        if not os.path.lexists(self.path):
+            replace_durably(self._temporary, self.path)  # every file on disk before the dataset counts
+            return
+        parent, name = os.path.split(self.path)
+        aside = os.path.join(parent, f".{name}.replaced-{uuid.uuid4().hex[:12]}")  # kept, not swept, if we die here
+        os.rename(self.path, aside)
+        try:
+            replace_durably(self._temporary, self.path)
+        except BaseException:
+            os.rename(aside, self.path)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)
 
     def abort(self) -> None:
         """Drop everything written so far."""

@@ -19,7 +19,7 @@ import torch
 
 from shoal.data.compatible import check_compatible, schema
 from shoal.data.format import Dataset
-from shoal.durable import replace_durably
+from shoal.durable import disk_full, write_durably
 from shoal.errors import ConfigError, DataError, ShoalError, first_line
 from shoal.model import Trust, build_model, check_trusted
 from shoal.train.objective import Objective
@@ -32,14 +32,18 @@ def save_model(run_dir: str | Path, model: torch.nn.Module, spec: dict, objectiv
                classes: list | None, feature_dtype: str, *, training_set: Dataset | None = None) -> Path:
     """Write model.pt; with `training_set`, also what a dataset must match to be predicted."""
     path = Path(run_dir) / MODEL_FILE
-    temporary = path.with_suffix(".pt.tmp")
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     content = {"spec": spec, "state_dict": state, "loss": objective.loss, "classes": classes,
                "feature_dtype": feature_dtype}
     if training_set is not None:
         content[TRAINING_SET] = schema(training_set)
-    torch.save(content, temporary)
-    replace_durably(temporary, path)
+    try:  # under a new, unpredictable temporary name; a link at model.pt is refused
+        write_durably(path, lambda handle: torch.save(content, handle))
+    except (OSError, RuntimeError) as error:
+        if disk_full(error):
+            raise ShoalError(f"{run_dir}: the disk is full: {MODEL_FILE} not written (free some space, then "
+                             f"--resume {run_dir})") from None
+        raise
     return path
 
 
@@ -63,13 +67,13 @@ def rebuild(artifact: dict, path: Path, trust: Trust = False) -> torch.nn.Module
     spec = artifact["spec"]
     check_trusted(spec, str(path), trust)
     try:
-        model = build_model(spec)
+        model = build_model(spec, path.parent)
         model.load_state_dict(artifact["state_dict"])
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
     except (KeyError, TypeError, RuntimeError) as error:  # a spec or weights that do not fit together
         raise ShoalError(f"{path}: cannot rebuild the model: {first_line(error)}") from None
-    return model.eval()
+    return model.cpu().eval()  # a module shipped from a GPU unpickles there: predict and export run on the CPU
 
 
 def load_model(run_dir: str | Path, *, trust_code: Trust = False) -> torch.nn.Module:

@@ -3,8 +3,9 @@
 k = min(cores / threads per worker, what fits in the memory available now), at least 1, decided
 on each machine for itself. A worker's memory is `cluster.memory_per_worker` when given; else
 torch's own footprint in a worker process plus its share of the training set as it sits in
-memory (features as float32 and labels; no more than data.memory_per_worker, past which a worker
-trains from a disk cache in sub-partitions).
+memory (features in their stored dtype, as the loader keeps them: uint8 images take a byte per
+feature, converted to float per batch; and labels; no more than data.memory_per_worker, past which a
+worker trains from a disk cache in sub-partitions).
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ def auto_workers(job: JobConfig, nodes: int = 1, available: int | None = None, c
 
 
 def share_bytes(job: JobConfig) -> float:
-    """The training set as the workers hold it in memory (float32 features and labels); 0 when the job
-    states a worker's memory itself."""
+    """The training set as the workers hold it in memory (features in their stored dtype, and labels);
+    0 when the job states a worker's memory itself."""
     if job.cluster.memory_per_worker is not None:
         return 0.0
     train = open_dataset(job.data.train)
-    return train.rows * (train.features * 4 + LABEL_BYTES)
+    return train.rows * (train.features * train.feature_dtype.itemsize + LABEL_BYTES)
 
 
 def memory_needed(job: JobConfig, node_share: float, count: int) -> int:

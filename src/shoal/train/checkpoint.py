@@ -14,7 +14,14 @@ On a cluster the run directory may be one folder shared by every machine or each
 each rank writes its file into the folder it sees. A marker file rank 0 leaves at the start
 tells which ranks share its folder; the others are grouped by host. The first rank of each
 group checks that every file of its group is there before renaming. Resuming takes the newest
-epoch every rank holds, agreed over the process group.
+epoch every rank holds, agreed over the process group; a checkpoint whose weights do not fit the
+model is passed over like a damaged one, and a resume that finds checkpoints but none it can use
+is refused rather than started again from epoch 0.
+
+Nothing here writes through a symbolic link: the temporary folder has an unpredictable name and
+is created exclusively, its files likewise, a `checkpoints` link is refused, and an `epoch-N`
+link is neither read nor pruned (only ever unlinked). A full disk is one line naming the run
+directory (`CheckpointFull`), not restarted; the temporary folder goes with the failed write.
 """
 
 from __future__ import annotations
@@ -22,9 +29,9 @@ from __future__ import annotations
 import os
 import random
 import re
-import shutil
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,14 +39,22 @@ import numpy as np
 import torch
 
 from shoal.cluster.collectives import Communicator
+from shoal.data import leftovers
 from shoal.data.format import META_FILE, Dataset
-from shoal.durable import sync_folder
-from shoal.errors import ConfigError
+from shoal.durable import disk_full, sync_folder
+from shoal.errors import ConfigError, ShoalError
+from shoal.safe_files import link_refused, make_folder, open_file, remove_tree
 
 CHECKPOINTS = "checkpoints"
 COORDINATOR_FILE = "coordinator.pt"
 FOLDER = re.compile(r"epoch-(\d+)")
 ASIDE = re.compile(r"\.epoch-(\d+)\.old")  # a folder of the same epoch, renamed while its successor is written
+Fits = Callable[[dict], str]
+"""What a rank's state says of a loaded rank file: "" when it can take it, else why not (one line)."""
+
+
+class CheckpointFull(ShoalError):
+    """The disk (or quota) filled up while a checkpoint was written: the user frees space, no restart helps."""
 
 
 def folder_name(epoch: int) -> str:
@@ -62,6 +77,8 @@ def checkpoint_folders(run_dir: Path) -> list[tuple[int, Path]]:
     folders: dict[int, Path] = {}
     aside: dict[int, Path] = {}
     for path in (Path(run_dir) / CHECKPOINTS).glob("*epoch-*"):
+        if path.is_symlink():  # not shoal's: never read, never pruned
+            continue
         if match := FOLDER.fullmatch(path.name):
             folders[int(match[1])] = path
         elif match := ASIDE.fullmatch(path.name):
@@ -70,8 +87,8 @@ def checkpoint_folders(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def _save(value: dict, path: Path) -> None:
-    """Write one file of a checkpoint folder still under its temporary name, flushed to disk."""
-    with open(path, "wb") as handle:
+    """Write one file of a checkpoint folder still under its temporary name, flushed to disk; a new file."""
+    with os.fdopen(open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as handle:
         torch.save(value, handle)
         handle.flush()
         os.fsync(handle.fileno())
@@ -109,9 +126,13 @@ class Checkpointer:
     def __init__(self, run_dir: Path, comm: Communicator, keep: int, hosts: list[str] | None = None):
         """`hosts`: each rank's host, to tell apart the folders of machines that share none (default: one)."""
         hosts = hosts or [""] * comm.world_size
-        self.root = Path(run_dir) / CHECKPOINTS
+        self.run_dir = Path(run_dir)
+        self.root = self.run_dir / CHECKPOINTS
         self.comm, self.keep = comm, keep
-        shares = shares_folder(Path(run_dir), comm)
+        linked = comm.all_gather_object(self.root.is_symlink())  # every rank refuses together: none waits
+        if any(linked):
+            raise link_refused(self.root)
+        shares = shares_folder(self.run_dir, comm)
         rank = comm.rank
         self.group = [other for other in range(comm.world_size)
                       if shares[other] == shares[rank] and (shares[rank] or hosts[other] == hosts[rank])]
@@ -119,44 +140,82 @@ class Checkpointer:
 
     def save(self, epoch: int, rank_state: dict, coordinator_state: dict | None) -> Path:
         """Write checkpoint `epoch` (epochs completed); returns its final path."""
-        final = self.root / folder_name(epoch)
-        temporary = self.root / f".{folder_name(epoch)}.tmp"
+        temporary = self.begin(epoch)
+        try:
+            self.together(epoch, lambda: _save(rank_state, temporary / rank_file(self.comm.rank)))
+            missing = [rank for rank in self.group
+                       if not (temporary / rank_file(rank)).is_file()] if self.keeper else []
+            problems = [problem for problem in self.comm.all_gather_object(missing) if problem]
+            if problems:  # every rank raises together: none waits at the next barrier
+                raise RuntimeError(f"{self.root}: checkpoint files of ranks {problems[0]} never appeared; "
+                                   "a folder shared between machines that does not show every file")
+            self.together(epoch, lambda: self.finish(temporary, epoch, coordinator_state))
+        except BaseException:
+            if self.keeper:  # a failed write (a full disk) leaves no temporary folder behind
+                remove_tree(temporary)
+            raise
+        return self.root / folder_name(epoch)
+
+    def begin(self, epoch: int) -> Path:
+        """The temporary folder of `epoch`: each keeper makes one (a new, unpredictable name) and its group
+        learns the name (collective)."""
+        name = None
         if self.keeper:
-            shutil.rmtree(temporary, ignore_errors=True)  # left by a writer that died
-            temporary.mkdir(parents=True)
-        self.comm.barrier()
-        _save(rank_state, temporary / rank_file(self.comm.rank))
-        self.comm.barrier()
-        missing = [rank for rank in self.group if not (temporary / rank_file(rank)).is_file()] if self.keeper else []
-        problems = [problem for problem in self.comm.all_gather_object(missing) if problem]
-        if problems:  # every rank raises together: none waits at the next barrier
-            raise RuntimeError(f"{temporary}: checkpoint files of ranks {problems[0]} never appeared; "
-                               "a folder shared between machines that does not show every file")
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            make_folder(self.root, exist_ok=True)
+            leftovers.sweep(str(self.root), ".epoch-")  # left by writers that died
+            remove_tree(self.root / f".{folder_name(epoch)}.tmp")  # the fixed name of earlier versions
+            temporary = self.root / leftovers.owned_name(f".{folder_name(epoch)}")
+            temporary.mkdir()
+            name = temporary.name
+        names = self.comm.all_gather_object(name)
+        return self.root / names[self.group[0]]
+
+    def together(self, epoch: int, action: Callable[[], object]) -> None:
+        """Run `action` on every rank, then fail on every rank if it failed on any (collective): a full
+        disk anywhere is one line, the same on every rank."""
+        error = None
+        try:
+            action()
+        except Exception as failure:  # handed on below, after the others know
+            error = failure
+        failures = self.comm.all_gather_object(None if error is None else (disk_full(error), str(error)))
+        if any(failure and failure[0] for failure in failures):
+            raise CheckpointFull(f"{self.run_dir}: the disk is full: checkpoint of epoch {epoch} not written "
+                                 f"(free some space, then --resume {self.run_dir})") from None
+        if error is not None:
+            raise error
+        failed = next((rank for rank, failure in enumerate(failures) if failure), None)
+        if failed is not None:
+            raise RuntimeError(f"{self.root}: rank {failed} could not write checkpoint {epoch}: {failures[failed][1]}")
+
+    def finish(self, temporary: Path, epoch: int, coordinator_state: dict | None) -> None:
+        """Rank 0's coordinator file, then each keeper renames its folder into place and prunes."""
         if self.comm.rank == 0:
             _save({**(coordinator_state or {}), "epoch": epoch, "world_size": self.comm.world_size},
                   temporary / COORDINATOR_FILE)
         if self.keeper:
             self.publish(temporary, epoch)
             self.prune()
-        self.comm.barrier()
-        return final
 
     def publish(self, temporary: Path, epoch: int) -> None:
         """Rename a complete temporary folder into place, on disk before any older copy goes."""
         final, aside = self.root / folder_name(epoch), self.root / aside_name(epoch)
         sync_folder(temporary)  # each file was flushed by the rank that wrote it (_save)
+        if final.is_symlink():  # not shoal's: the link goes, never what it points at
+            final.unlink()
         if final.exists():  # the same epoch redone after a restart: kept aside until the new one is on disk
-            shutil.rmtree(aside, ignore_errors=True)  # an earlier redo's leftover; `final` holds the epoch
+            remove_tree(aside)  # an earlier redo's leftover; `final` holds the epoch
             os.rename(final, aside)
         os.rename(temporary, final)
         sync_folder(self.root)
-        shutil.rmtree(aside, ignore_errors=True)
+        remove_tree(aside)
 
     def prune(self) -> None:
         """Remove all but the `keep` newest checkpoints (call only once the newest is on disk)."""
-        for epoch, _ in checkpoint_folders(self.root.parent)[self.keep:]:
+        for epoch, _ in checkpoint_folders(self.run_dir)[self.keep:]:
             for name in (folder_name(epoch), aside_name(epoch)):
-                shutil.rmtree(self.root / name, ignore_errors=True)
+                remove_tree(self.root / name)
 
 
 def shares_folder(run_dir: Path, comm: Communicator) -> list[bool]:
@@ -165,7 +224,7 @@ def shares_folder(run_dir: Path, comm: Communicator) -> list[bool]:
     marker = run_dir / f".shoal-folder-{token}"
     if comm.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        marker.touch()
+        os.close(open_file(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
     comm.barrier()
     shares = comm.all_gather_object(marker.exists())
     comm.barrier()
@@ -200,11 +259,13 @@ def _coordinator(path: Path, world_size: int) -> tuple[dict | None, str]:
     return coordinator, ""
 
 
-def held_epochs(run_dir: Path, rank: int) -> list[int]:
-    """The epochs whose checkpoint file of `rank` loads in this machine's run directory."""
+def held_epochs(run_dir: Path, rank: int, fits: Fits | None = None) -> list[int]:
+    """The epochs whose checkpoint file of `rank` loads in this machine's run directory (and fits the model)."""
     held = []
     for epoch, path in checkpoint_folders(run_dir):
-        _, problem = _load(path / rank_file(rank))
+        state, problem = _load(path / rank_file(rank))
+        if state is not None and fits is not None and (unfit := fits(state)):
+            problem = f"{path / rank_file(rank)}: {unfit}"
         if problem:
             warnings.warn(f"skipping damaged checkpoint {problem}", stacklevel=2)
         else:
@@ -226,15 +287,25 @@ def find_latest(run_dir: Path, world_size: int, epochs: set[int] | None = None) 
     return None
 
 
-def agree_on_latest(run_dir: Path, comm: Communicator, coordinator: bool) -> Found | None:
-    """The newest checkpoint every rank holds a good file of, in whichever folder it sees (collective)."""
-    held = comm.all_gather_object(held_epochs(run_dir, comm.rank))
-    common = set.intersection(*(set(epochs) for epochs in held))
-    if coordinator and held[0] and max(held[0]) > max(common, default=0):
-        short = [rank for rank, epochs in enumerate(held) if max(held[0]) not in epochs]
-        warnings.warn(f"{run_dir}: ranks {short} hold no good file of epoch {max(held[0])}; going back to epoch "
+def agree_on_latest(run_dir: Path, comm: Communicator, coordinator: bool, fits: Fits | None = None) -> Found | None:
+    """The newest checkpoint every rank holds a good file of, in whichever folder it sees (collective);
+    `fits` passes over the files whose weights the model cannot take.
+
+    None when no rank has a checkpoint (a job that failed before its first); checkpoints none of
+    which can be used are refused on every rank: starting again from epoch 0 would replace model.pt."""
+    held = comm.all_gather_object((held_epochs(run_dir, comm.rank, fits), bool(checkpoint_folders(run_dir))))
+    common = set.intersection(*(set(epochs) for epochs, _ in held))
+    newest = held[0][0]
+    if coordinator and newest and max(newest) > max(common, default=0):
+        short = [rank for rank, (epochs, _) in enumerate(held) if max(newest) not in epochs]
+        warnings.warn(f"{run_dir}: ranks {short} hold no good file of epoch {max(newest)}; going back to epoch "
                       f"{max(common, default=0)}, the newest every rank holds", stacklevel=2)
-    return comm.broadcast_object(find_latest(run_dir, comm.world_size, common) if coordinator else None)
+    found = comm.broadcast_object(find_latest(run_dir, comm.world_size, common) if coordinator else None)
+    if found is None and any(seen for _, seen in held):
+        raise ConfigError(f"{run_dir}: no checkpoint can be resumed (each is damaged or does not fit the model); "
+                          "resuming would start again from epoch 0 and replace its model.pt: to start over, "
+                          "train into a new --run-dir")
+    return found
 
 
 def newest_epoch(run_dir: Path) -> int:

@@ -13,6 +13,7 @@ from shoal.config import JobConfig
 from shoal.durable import write_text_durably
 from shoal.errors import ConfigError
 from shoal.events import EVENTS_FILE
+from shoal.safe_files import refuse_link
 
 JOB_FILE = "job.toml"
 MARKER = "# written by shoal: the resolved job of this run"
@@ -23,6 +24,7 @@ def new_run_dir(job: JobConfig, run_dir: str | Path | None) -> Path:
     """The run directory: given, from the job file, or runs/<job>-<date>-<time>; never a used one."""
     if run_dir is None and job.output.run_dir:
         run_dir = job.output.run_dir
+    check_name(job.name)
     if run_dir is None:
         base = Path("runs") / f"{job.name}-{datetime.now():%Y%m%d-%H%M%S}"
         run_dir, number = base, 1
@@ -34,12 +36,21 @@ def new_run_dir(job: JobConfig, run_dir: str | Path | None) -> Path:
     return run_dir
 
 
+def check_name(name: str) -> None:
+    """The job's name names its folder under runs/: one plain path component, never a way out of runs/."""
+    if not name or name in (".", "..") or any(mark in name for mark in ("/", "\\", "\0")):
+        raise ConfigError(f"name: {name!r} is not a plain name (no '/', '\\', or '..' alone): it names the run "
+                          "directory runs/<name>-<date>-<time>")
+
+
 def check_new_run_dir(run_dir: Path) -> None:
     """A new run may go here: a folder (or a path that can become one) holding no run and no user's job file."""
     for folder in (run_dir, *run_dir.parents):
         if folder.exists() and not folder.is_dir():
             where = "is a file, not a folder" if folder == run_dir else f"cannot be a folder: {folder} is a file"
             raise ConfigError(f"{run_dir}: {where}; choose another --run-dir")
+    for name in (EVENTS_FILE, JOB_FILE):
+        refuse_link(run_dir / name)
     if (run_dir / EVENTS_FILE).exists():
         raise ConfigError(f"{run_dir}: already holds a run; choose another --run-dir")
     if not replaceable(run_dir / JOB_FILE):
@@ -53,6 +64,7 @@ def write_job_file(run_dir: Path, job: JobConfig, replace: bool = True) -> Path:
     is never replaced.
     """
     path = Path(run_dir) / JOB_FILE
+    refuse_link(path)
     if path.exists() and not replace:
         return path
     if not replaceable(path):

@@ -5,8 +5,12 @@ computation and take the rows as a dataset stores them, shape (batch, features) 
 the same scaling (uint8 images divided by 255) and reshaping as shoal's own loader come first, and
 the model's raw outputs come out (class logits, one logit for binary_cross_entropy, the value for a
 regression), with a dynamic batch dimension. A safetensors file holds the weights only, with the
-model's spec, loss and classes as JSON in its metadata. Files are written under a temporary name and
-renamed, so a failure leaves nothing behind; a model built by code is loaded only when trusted.
+model's spec, loss and classes as JSON in its metadata. Files are written under an unpredictable
+temporary name created exclusively beside OUT (a link planted there is never followed), checked
+(`shoal.train.export_check`: a TorchScript or ONNX file must give the model's outputs on sample
+rows, a safetensors file its very weights) and renamed, with the mode any new file gets (0666 less
+the umask), so a failure or refusal leaves nothing behind; a model built by code is loaded only
+when trusted.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import warnings
+import os
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +29,9 @@ from shoal.data.loader import feature_scale
 from shoal.durable import replace_durably
 from shoal.errors import ConfigError, ShoalError, first_line
 from shoal.model import Trust
+from shoal.safe_files import new_temporary
 from shoal.train.artifacts import MODEL_FILE, TRAINING_SET, check_out, load_artifact, rebuild
+from shoal.train.export_check import ExportRefused, check_control_flow, compare, sample_batches, traced
 
 FORMATS = {"torchscript": ".pt", "onnx": ".onnx", "safetensors": ".safetensors"}
 EXTRAS = {"onnx": ("onnx", "shoal[onnx]"), "safetensors": ("safetensors", "shoal[safetensors]")}
@@ -53,10 +59,15 @@ def export(run_dir: str | Path, format: str, out: str | Path | None = None, *, o
                     f"the {format} model")
     artifact = load_artifact(run_dir)
     model = rebuild(artifact, Path(run_dir) / MODEL_FILE, trust_code)
-    temporary = out.with_name(f".{out.name}.tmp")
+    descriptor, temporary = new_temporary(out)
+    os.close(descriptor)
     try:
         WRITERS[format](model, artifact, temporary)
+        CHECKS[format](model, artifact, temporary, Path(run_dir))
+        os.chmod(temporary, new_file_mode())
         replace_durably(temporary, out)
+    except ExportRefused as error:
+        raise ShoalError(f"{out}: not exported as {format}: {error}") from None
     except ShoalError:
         raise
     except Exception as error:  # what the exporter refuses: an operator, control flow
@@ -65,6 +76,13 @@ def export(run_dir: str | Path, format: str, out: str | Path | None = None, *, o
     finally:
         temporary.unlink(missing_ok=True)
     return out
+
+
+def new_file_mode() -> int:
+    """The mode open() gives a new file: 0666 less the umask (a temporary is made 0600)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def _check_extra(format: str) -> None:
@@ -89,20 +107,20 @@ def stored_rows_model(model: nn.Module, artifact: dict) -> tuple[StoredRows, tor
 @torch.no_grad()
 def write_torchscript(model: nn.Module, artifact: dict, path: Path) -> None:
     wrapped, example = stored_rows_model(model, artifact)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        traced = torch.jit.trace(wrapped, example)
-    traced.save(str(path))
+    vouched = check_control_flow(wrapped, example)
+    traced(lambda: torch.jit.trace(wrapped, example, check_trace=False), vouched).save(str(path))
 
 
 @torch.no_grad()
 def write_onnx(model: nn.Module, artifact: dict, path: Path) -> None:
-    """Through torch's TorchScript-based exporter: it needs no onnxscript and gives the same graph each time."""
+    """Through torch's TorchScript-based exporter: it needs no onnxscript and gives the same graph each time;
+    torch.export first refuses control flow on the data, and each tracer warning is a refusal."""
     wrapped, example = stored_rows_model(model, artifact)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(None):
-        warnings.simplefilter("ignore")
-        torch.onnx.export(wrapped, (example,), str(path), dynamo=False, input_names=["rows"],
-                          output_names=["outputs"], dynamic_axes={"rows": {0: "batch"}, "outputs": {0: "batch"}})
+    vouched = check_control_flow(wrapped, example)
+    with contextlib.redirect_stdout(None):
+        traced(lambda: torch.onnx.export(
+            wrapped, (example,), str(path), dynamo=False, input_names=["rows"], output_names=["outputs"],
+            dynamic_axes={"rows": {0: "batch"}, "outputs": {0: "batch"}}), vouched)
 
 
 def write_safetensors(model: nn.Module, artifact: dict, path: Path) -> None:
@@ -117,3 +135,45 @@ def write_safetensors(model: nn.Module, artifact: dict, path: Path) -> None:
 
 
 WRITERS = {"torchscript": write_torchscript, "onnx": write_onnx, "safetensors": write_safetensors}
+
+
+def check_torchscript(model: nn.Module, artifact: dict, path: Path, run_dir: Path) -> None:
+    loaded = torch.jit.load(str(path))
+    wrapped, _ = stored_rows_model(model, artifact)
+
+    def run(rows: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return loaded(torch.from_numpy(np.ascontiguousarray(rows))).numpy()
+
+    compare(wrapped, run, sample_batches(run_dir, artifact))
+
+
+def check_onnx(model: nn.Module, artifact: dict, path: Path, run_dir: Path) -> None:
+    """Run the file in onnxruntime (onnx's reference evaluator without it)."""
+    try:
+        import onnxruntime
+
+        runner = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except ImportError:
+        from onnx.reference import ReferenceEvaluator
+
+        runner = ReferenceEvaluator(str(path))
+
+    def run(rows: np.ndarray) -> np.ndarray:
+        return runner.run(None, {"rows": np.ascontiguousarray(rows)})[0]
+
+    wrapped, _ = stored_rows_model(model, artifact)
+    compare(wrapped, run, sample_batches(run_dir, artifact))
+
+
+def check_safetensors(model: nn.Module, artifact: dict, path: Path, run_dir: Path) -> None:
+    """The file's tensors must be the model's weights, bit for bit."""
+    from safetensors.torch import load_file
+
+    stored, weights = load_file(str(path)), model.state_dict()
+    for name, tensor in weights.items():
+        if name not in stored or not torch.equal(stored[name], tensor):
+            raise ExportRefused(f"the written weights differ from the model's at {name!r}")
+
+
+CHECKS = {"torchscript": check_torchscript, "onnx": check_onnx, "safetensors": check_safetensors}

@@ -5,6 +5,9 @@ events and job file. The lock is `flock` on RUN_DIR/.lock: the kernel drops it w
 dies, however it dies, so a killed job never keeps its run directory; and it works across
 machines on a shared filesystem (NFS emulates it with its own locks). The file names its
 holder (pid and host) so the job turned away learns which one to wait for.
+
+Taking the lock is also where a run directory is first looked at, so a symbolic link where shoal
+keeps one of its files or folders is refused here, before anything is written through it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from shoal.errors import ConfigError
+from shoal.safe_files import open_file, refuse_link
 
 LOCK_FILE = ".lock"
+KEPT = (LOCK_FILE, "job.toml", "events.jsonl", "model.pt", "metrics.csv", "report.md", "checkpoints", "tensorboard",
+        "mlruns", "mlflow.json")
+"""What shoal writes in a run directory (named here, not imported: the writers pull in torch)."""
 
 
 @contextlib.contextmanager
@@ -32,7 +39,9 @@ def hold_run_dir(run_dir: str | Path) -> Iterator[Path]:
     run_dir = Path(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        for name in KEPT:
+            refuse_link(run_dir / name)
+        descriptor = open_file(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT)
     except OSError as error:
         raise ConfigError(f"{run_dir}: cannot use as a run directory: {error.strerror}") from None
     try:

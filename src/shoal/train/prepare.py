@@ -12,6 +12,7 @@ import importlib
 import inspect
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 import torch
@@ -73,13 +74,32 @@ def make_optimizer(options: dict, parameters) -> torch.optim.Optimizer:
     arguments = {k: v for k, v in options.items() if k != "name"}
     cls = optimizer_class(options["name"])
     accepted = inspect.signature(cls.__init__).parameters
-    for key in arguments:
+    for key, value in arguments.items():
         if key not in accepted or key in ("self", "params"):
             raise ConfigError(f"train.optimizer.{key}: not an argument of torch.optim.{cls.__name__}")
+        check_argument_type(f"train.optimizer.{key}", value, accepted[key].default)
     try:
         return cls(parameters, **arguments)
     except (TypeError, ValueError) as error:
         raise ConfigError(f"train.optimizer: {error}") from None
+
+
+def check_argument_type(key: str, value: Any, default: Any) -> None:
+    """A value of the kind the argument's default is, so that torch's own checks do not fail on a type
+    ("'<=' not supported between ..."): a number for a number, a list of numbers for a tuple, true/false."""
+    def number(item: Any) -> bool:
+        return isinstance(item, (int, float)) and not isinstance(item, bool)
+
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    elif number(default):
+        if not number(value):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+    elif isinstance(default, tuple) and all(number(item) for item in default):
+        if not (isinstance(value, (list, tuple)) and len(value) == len(default) and all(map(number, value))):
+            example = ", ".join(str(item) for item in default)
+            raise ConfigError(f"{key}: expected a list of {len(default)} numbers, e.g. [{example}], got {value!r}")
 
 
 def check_optimizer(options: dict, parameters) -> None:
@@ -164,10 +184,11 @@ def check_model_size(spec: dict, available: int | None = None) -> None:
         )
 
 
-def allocate_model(spec: dict) -> torch.nn.Module:
-    """The real model; running out of memory while building it is a one-line error naming the model's key."""
+def allocate_model(spec: dict, run_dir=None) -> torch.nn.Module:
+    """The real model (a shipped one read from `run_dir`); running out of memory while building it is a
+    one-line error naming the model's key."""
     try:
-        return build_model(spec)
+        return build_model(spec, run_dir)
     except MemoryError:
         reason = "out of memory"
     except RuntimeError as error:
@@ -213,6 +234,15 @@ def check_schedule(job: JobConfig) -> None:
                           "steps when updates arrive: use a schedule stepped per epoch (interval = \"epoch\")")
 
 
+def check_device(job: JobConfig) -> None:
+    """cluster.device = "cuda" on a machine without one fails here, once, before any worker starts (each
+    worker would fail alike). torch's count asks NVML where it can, which leaves a fork of this process
+    free to use the GPU."""
+    if job.cluster.device == "cuda" and torch.cuda.device_count() == 0:
+        raise ConfigError("cluster.device: 'cuda' asked for but this machine has no CUDA device that torch "
+                          "can use: set it to \"cpu\" or \"auto\"")
+
+
 def check_world_size(job: JobConfig, world_size: int, train_set: Dataset, algorithm: Algorithm | None = None) -> None:
     """Settings that make no sense for this many workers: the algorithm's own check, then the rows.
 
@@ -231,7 +261,7 @@ def check_world_size(job: JobConfig, world_size: int, train_set: Dataset, algori
                 job.data.memory_budget)
 
 
-def prepare(job: JobConfig, memory_checked: bool = False) -> Prepared:
+def prepare(job: JobConfig, memory_checked: bool = False, run_dir=None) -> Prepared:
     """Open the datasets, build the model once and check that it fits them; `memory_checked`: this machine's
     launcher has checked the model's memory already (on torch's meta device, half a second of imports)."""
     train_set = open_dataset(job.data.train)
@@ -246,7 +276,7 @@ def prepare(job: JobConfig, memory_checked: bool = False) -> Prepared:
     objective = Objective(job.train.loss, train_set.num_classes)
     if not memory_checked:
         check_model_size(spec)
-    model = allocate_model(spec)
+    model = allocate_model(spec, run_dir)  # a shipped model is read from the run directory
     shape = output_shape(model, spec["input"])
     expected = objective.expected_outputs()
     if not objective.accepts(shape):

@@ -26,6 +26,7 @@ from shoal.events import (
     WorkerFailed,
     read_history,
 )
+from shoal.safe_files import new_temporary, refuse_link
 
 REPORT_FILE = "report.md"
 LOSS = "loss"
@@ -50,8 +51,12 @@ def write_report(run_dir: str | Path) -> Path:
 
 
 def save_atomically(path: Path, write) -> None:
-    """`write(temporary)` then rename: a reader never sees half a file, a crash leaves the old one."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """`write(temporary)` then rename: a reader never sees half a file, a crash leaves the old one.
+
+    The temporary is new, with an unpredictable name; a link at `path` is refused, not replaced."""
+    refuse_link(path)
+    descriptor, temporary = new_temporary(path)
+    os.close(descriptor)
     try:
         write(temporary)
         os.replace(temporary, path)

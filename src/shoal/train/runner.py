@@ -95,9 +95,10 @@ class Runner:
         job, info = self.job, self.info
         self.device = choose_device(job.cluster.device, info)
         self.comm = self.comm or Communicator(info.rank, info.world_size, device=self.device)
-        self.prepared = prepare(job, memory_checked=under_shoal_launcher())  # shoal's launcher checked it first
+        # shoal's launcher checked its memory first
+        self.prepared = prepare(job, memory_checked=under_shoal_launcher(), run_dir=self.run_dir)
         seed_everything(job.train.seed)  # identical initial weights on every rank
-        self.model = allocate_model(self.prepared.spec).to(self.device)
+        self.model = allocate_model(self.prepared.spec, self.run_dir).to(self.device)
         self.optimizer = make_optimizer(job.train.optimizer, self.model.parameters())
         self.schedule = make_schedule(job.train.scheduler, self.optimizer)
         self.algorithm = make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups)
@@ -163,7 +164,7 @@ class Runner:
         if coordinator:  # also here for jobs started by torchrun or srun, which skip the launcher's check
             check_resumable(self.run_dir, self.job, self.prepared.spec, self.prepared.train_set,
                             self.info.world_size)
-        found = agree_on_latest(self.run_dir, self.comm, coordinator)
+        found = agree_on_latest(self.run_dir, self.comm, coordinator, self.state.fits)
         if found is None:
             return
         self.state.load_state_dict(load_rank(found.path, self.info.rank))

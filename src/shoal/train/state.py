@@ -5,7 +5,8 @@ algorithm's own state, the step counter of its role and the random generators. T
 rank's checkpoint file are written and read here and nowhere else; the checkpoint folder's
 layout and its coordinator file belong to `checkpoint`. The optimizer's state is restored under
 the job's current settings, so `--set train.optimizer.lr=...` on resume takes effect, except those a
-learning-rate scheduler sets as it goes, which continue where the schedule was.
+learning-rate scheduler sets as it goes, which continue where the schedule was. `fits` tells a
+rank file whose weights the model cannot take (another shape), so resuming passes over it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class TrainingState:
             state["schedule"] = self.schedule.state_dict()
         return state
 
+    def fits(self, state: dict) -> str:
+        """"" when this model can take the weights of a loaded rank file, else the first tensor that differs."""
+        return model_misfit(self.model.state_dict(), state.get("model") if isinstance(state, dict) else None)
+
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         load_optimizer(self.optimizer, state["optimizer"])
@@ -55,6 +60,22 @@ class TrainingState:
         self.algorithm.load_state_dict(state["algorithm"])
         self.counter.global_step = state["global_step"]
         restore_random_state(state["random"], self.device)
+
+
+def model_misfit(wanted: dict, stored) -> str:
+    """Why the weights `stored` cannot be loaded into a model whose state_dict is `wanted` ("" when they can)."""
+    if not isinstance(stored, dict):
+        return "no model weights in it"
+    if stored.keys() != wanted.keys():
+        name = sorted(stored.keys() ^ wanted.keys())[0]
+        return f"its weights do not fit the model ({name!r} is in {'the file' if name in stored else 'the model'} only)"
+    for name, tensor in wanted.items():
+        saved = stored[name]
+        if not isinstance(saved, torch.Tensor) or saved.shape != tensor.shape:
+            shape = list(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
+            return (f"its weights do not fit the model ({name!r}: {shape} in the file, "
+                    f"{list(tensor.shape)} in the model)")
+    return ""
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, state: dict) -> None:

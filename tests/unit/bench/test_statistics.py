@@ -117,7 +117,7 @@ def trial_rows() -> list[dict]:
                              "evaluation_seconds": seconds * 0.05, "epochs": 2, "samples_per_second": 1e4,
                              "train_loss": 0.3, "test_loss": 0.31, "test_accuracy": 0.9, "test_auc": None,
                              "run_dir": f"runs/{label}/w{workers}-t{trial}", "finished": "2026-11-22T12:00:00+00:00",
-                             "nodes": 1, "hosts": ""})
+                             "nodes": 1, "hosts": "", "trainers": workers})
     return rows
 
 

@@ -24,6 +24,7 @@ from shoal.cluster.orphan import LAUNCHER_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[3]
 PYTHONPATH = f"{ROOT}{os.pathsep}{ROOT / 'src'}"  # the server imports tests.support
+pytestmark = pytest.mark.processes
 MODULE = "tests.support.forked"
 TIMEOUT = 30
 

@@ -271,3 +271,15 @@ def test_a_lost_peer_beside_a_sigtermed_worker_is_a_consequence(failures):
 def test_one_raised_worker_among_sigtermed_ones_is_not_a_consequence(failures):
     error = describe({0: failures.killed(0, signal.SIGTERM), 1: failures.raised(1, "KeyError: 'x'")})
     assert error.consequence is False
+
+
+def test_a_restart_is_told_in_one_line_with_where_it_goes_on_from():
+    from shoal.cluster.launch import restart_line
+    from shoal.events import JobRestarted
+
+    failure = "worker rank 1 on node-a failed: killed by SIGKILL"
+    assert restart_line(failure, JobRestarted(restart=1, from_epoch=2), 3) == (
+        "shoal: worker rank 1 on node-a failed: killed by SIGKILL; restarting from epoch 2's checkpoint, "
+        "restart 1 of 3")
+    assert "restarting from the start (no checkpoint yet), restart 2 of 2" in restart_line(
+        failure, JobRestarted(restart=2, from_epoch=0), 2)

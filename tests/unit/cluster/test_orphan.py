@@ -28,6 +28,7 @@ def gone(process: psutil.Process, timeout: float) -> bool:
     return True
 
 
+@pytest.mark.processes
 def test_an_orphan_stops_within_a_second(project_env):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, CHILD], stdout=subprocess.PIPE, text=True,
                               env=project_env)
@@ -42,6 +43,7 @@ def test_an_orphan_stops_within_a_second(project_env):
         parent.stdout.close()
 
 
+@pytest.mark.processes
 def test_a_worker_whose_launcher_died_before_it_started_stops_at_once(project_env):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -50,6 +52,7 @@ def test_a_worker_whose_launcher_died_before_it_started_stops_at_once(project_en
     assert finished.returncode == ORPHAN_EXIT and "is gone; stopping" in finished.stderr
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("launcher", ["parent", "another live process"])
 def test_a_process_whose_parent_lives_keeps_running(project_env, launcher):
     """Under torchrun the variable may name a live shoal process that is not the parent: no matter."""

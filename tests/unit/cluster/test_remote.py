@@ -54,6 +54,7 @@ def test_every_host_runs_as_many_workers():
         agree_workers([Host("node1", "4"), Host("node2", "2")], "1", "ssh {host}", "job.toml", [])
 
 
+@pytest.mark.processes
 def test_auto_asks_every_host_and_takes_the_smallest(tmp_path, capsys):
     answers = tmp_path / "fake-ssh"  # a stand-in for ssh: node1 holds 3 workers, node2 holds 2
     answers.write_text('#!/bin/sh\ncase "$1" in node1) echo "3\tthree";; node2) echo "2\ttwo";; esac\n')

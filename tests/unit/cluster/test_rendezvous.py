@@ -7,14 +7,16 @@ decision, and leave together when one ends the job. Every wait has a short timeo
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import psutil
 import pytest
+import torch.distributed as dist
 
-from shoal.cluster.rendezvous import Decision, Meeting, Nodes, Report
+from shoal.cluster.rendezvous import Decision, Meeting, Nodes, Report, read_secret
 from shoal.errors import ConfigError, WorkerError
 
 HOST = socket.gethostname()
@@ -104,7 +106,8 @@ def test_without_node_ranks_the_node_that_binds_becomes_node_0(meet):
 def test_a_follower_of_another_job_is_a_config_error(meet):
     port = free_port()
     leader = meet(two_nodes(port, 0, run_id="ours"), timeout=3)
-    with pytest.raises(ConfigError, match=rf"--rdzv-id: 127\.0\.0\.1:{port} holds job 'ours', not 'theirs'"):
+    # the id is the job's secret: a follower with another one does not even see the job's keys
+    with pytest.raises(ConfigError, match=rf"--rdzv-id: 127\.0\.0\.1:{port} holds a shoal job with another --rdzv-id"):
         Meeting(two_nodes(port, 1, run_id="theirs"), TIMEOUT)
     with pytest.raises(WorkerError, match="1 of 2 machines joined"):  # its follower never came
         leader.result(WAIT)
@@ -204,3 +207,74 @@ def test_the_leader_does_not_wait_for_a_follower_that_never_came_back(pair):
     began = time.monotonic()
     leader.linger()
     assert time.monotonic() - began < 1
+
+
+# ---------------------------------------------------------------- loopback, the job's secret, worker counts
+
+
+def test_an_endpoint_named_localhost_keeps_both_stores_on_loopback(meet, pool):
+    port = free_port()
+    leader, follower = (meet(Nodes(count=2, rank=rank, endpoint=f"localhost:{port}")) for rank in (0, 1))
+    leader, follower = leader.result(WAIT), follower.result(WAIT)
+    started = [pool.submit(leader.begin, 0), pool.submit(follower.begin, 0)]
+    worker_port = started[0].result(WAIT)[1]
+    started[1].result(WAIT)
+    for listened in (listening(port), listening(worker_port)):  # the job's store, the attempt's store
+        assert listened and all(ipaddress.ip_address(address).is_loopback for address in listened)
+
+
+def test_only_this_machines_own_name_opens_a_loopback_endpoint_to_the_network(monkeypatch):
+    """localhost stays on loopback; the machine's own name, mapped to 127.0.1.1 as on a stock Debian box, is
+    how the other machines reach it, so its stores listen on every address."""
+    from shoal.cluster import rendezvous
+    monkeypatch.setattr(rendezvous, "resolve", lambda host: "127.0.1.1" if host.startswith("node0") else "127.0.0.1")
+    monkeypatch.setattr(rendezvous.socket, "gethostname", lambda: "node0")
+    monkeypatch.setattr(rendezvous.socket, "getfqdn", lambda: "node0.rack.example")
+    assert rendezvous.bind_address("localhost", given=True) == "127.0.0.1"
+    assert rendezvous.bind_address("127.0.0.1", given=True) == "127.0.0.1"
+    assert rendezvous.bind_address("node0", given=True) == "0.0.0.0"
+    assert rendezvous.bind_address("node0.rack.example", given=True) == "0.0.0.0"
+    assert rendezvous.bind_address("node0", given=False) == "127.0.0.1"
+
+
+def test_a_stranger_on_the_port_cannot_end_the_job(meet):
+    meeting = meet(Nodes()).result(WAIT)
+    stranger = dist.TCPStore("127.0.0.1", meeting.port, is_master=False, wait_for_workers=False)
+    for key in ("end", "attempt/0/failed", "attempt/0/decision"):
+        stranger.set(key, "stopped by a stranger")
+    assert meeting.ended() is None and not meeting.store.check(["attempt/0/failed"])
+    assert not any(meeting.secret in key for key in stranger.list_keys())  # listing the keys shows no secret
+    meeting.end("stopped by its own")
+    assert meeting.ended() == "stopped by its own"
+
+
+def test_nodes_holding_different_secrets_do_not_meet(meet):
+    port = free_port()
+    meet(Nodes(count=2, rank=0, endpoint=f"127.0.0.1:{port}", secret="a" * 32), timeout=3)
+    with pytest.raises(ConfigError, match=r"--rdzv-id: .* holds a shoal job with another --rdzv-id"):
+        Meeting(Nodes(count=2, rank=1, endpoint=f"127.0.0.1:{port}", secret="b" * 32), TIMEOUT)
+
+
+def test_nodes_with_different_worker_counts_both_stop_naming_them(pool):
+    port = free_port()
+    started = [pool.submit(Meeting, two_nodes(port, rank), TIMEOUT, workers) for rank, workers in ((0, 2), (1, 1))]
+    meetings = [future.result(WAIT) for future in started]
+    try:
+        for meeting in meetings:
+            with pytest.raises(ConfigError) as caught:
+                meeting.check_workers()
+            assert str(caught.value) == (f"--workers: every machine must run the same number of workers, got "
+                                         f"node 0 ({HOST}) 2, node 1 ({HOST}) 1")
+    finally:
+        for meeting in meetings:
+            meeting.close()
+
+
+def test_a_secret_file_others_may_read_is_refused(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("0123456789abcdef\n")
+    secret.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"--secret-file: .* may be read by others \(mode 644\); chmod 600"):
+        read_secret(secret)
+    secret.chmod(0o600)
+    assert read_secret(secret) == "0123456789abcdef"

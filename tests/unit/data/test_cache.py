@@ -193,3 +193,23 @@ def test_version_one_datasets_with_list_features_are_still_read(tmp_path):
     read, labels = open_dataset(str(folder)).read_rows(5, 17)
     np.testing.assert_array_equal(read, features[5:17])
     np.testing.assert_array_equal(labels, np.arange(5, 17) % 2)
+
+
+def test_a_cache_temporary_is_created_new_never_through_a_link(digits_like, tmp_path, monkeypatch):
+    from shoal.data import cache
+    from shoal.errors import DataError
+
+    path, _, _ = digits_like
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file\n")
+    monkeypatch.setattr(cache.leftovers, "owned_name", lambda stem: f"{stem}.foreseen.tmp")  # a name guessed
+    monkeypatch.setattr(type(open_dataset(str(path))), "fingerprint", lambda self: "fixed")
+    for part in cache.PARTS:
+        (cache_dir / f"share-fixed-rows-0-2000{part}.foreseen.tmp").symlink_to(victim)
+    with pytest.raises(DataError) as caught:
+        ShardLoader(open_dataset(str(path)), rank=0, world_size=1, batch_size=50, seed=0, memory_budget=40_000,
+                    cache_dir=str(cache_dir))
+    assert str(caught.value) == f"{cache_dir}: cannot write the local cache of the share: File exists"
+    assert victim.read_text() == "the user's own file\n"

@@ -7,6 +7,7 @@ temporary folder.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 
@@ -171,3 +172,75 @@ def test_unseen_category_through_the_command_line(tmp_path, capsys, out):
     fails_cleanly(capsys, test, out, ["--format", "csv", "--encoding-from", str(reference)],
                   f"{test}:3: column 'state' holds 'WA', a category the encoding of {reference} does not have "
                   "(it has: CA, NY)")
+
+
+# ---------------------------------------------------------------- --force, a linked OUT, a full disk
+
+
+def small_csv(tmp_path, rows: str = "1,2,cat\n3,4,dog\n"):
+    source = tmp_path / "small.csv"
+    source.write_text("a,b,y\n" + rows)
+    return source
+
+
+def test_force_replaces_a_dataset(tmp_path, capsys, out):
+    assert run_import(capsys, small_csv(tmp_path), out, "--format", "csv")[0] == 0
+    code, _, stderr = run_import(capsys, small_csv(tmp_path, "5,6,emu\n"), out, "--format", "csv", "--force")
+    assert (code, stderr) == (0, "")
+    assert read_back(out)[1].tolist() == ["emu"]
+    assert os.listdir(out.parent) == ["out"]  # no temporary, no old copy left beside it
+
+
+def test_force_never_deletes_a_folder_that_is_not_a_dataset(tmp_path, capsys, out):
+    out.mkdir(parents=True)
+    (out / "thesis.tex").write_text("years of work")
+    code, stdout, stderr = run_import(capsys, small_csv(tmp_path), out, "--format", "csv", "--force")
+    assert (code, stdout) == (2, "")
+    assert stderr == (f"shoal: error: {out}: not a shoal dataset (a meta.json of format 'shoal.dataset' and Parquet "
+                      "files, nothing else), so --force will not delete it: remove it yourself or choose another "
+                      "output folder\n")
+    assert (out / "thesis.tex").read_text() == "years of work" and os.listdir(out.parent) == ["out"]
+
+
+def test_force_refuses_a_dataset_folder_holding_anything_else(tmp_path, capsys, out):
+    assert run_import(capsys, small_csv(tmp_path), out, "--format", "csv")[0] == 0
+    (out / "notes.txt").write_text("mine")
+    assert run_import(capsys, small_csv(tmp_path), out, "--format", "csv", "--force")[0] == 2
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_replacing_a_dataset_is_atomic_the_old_one_stays_if_the_new_cannot_be_moved_in(tmp_path, capsys, out,
+                                                                                     monkeypatch):
+    assert run_import(capsys, small_csv(tmp_path), out, "--format", "csv")[0] == 0
+    from shoal.data import format as dataset_format
+
+    def failing(temporary, path):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(dataset_format, "replace_durably", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        main(["data", "import", str(small_csv(tmp_path, "5,6,emu\n")), str(out), "--format", "csv", "--force"])
+    assert read_back(out)[1].tolist() == ["cat", "dog"]  # never deleted first
+    assert os.listdir(out.parent) == ["out"]
+
+
+def test_a_linked_out_is_refused_in_one_line(tmp_path, capsys, out):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep.txt").write_text("mine")
+    out.parent.mkdir()
+    out.symlink_to(target)
+    for force in ([], ["--force"]):
+        code, stdout, stderr = run_import(capsys, small_csv(tmp_path), out, "--format", "csv", *force)
+        assert (code, stdout) == (2, "")
+        assert stderr.startswith(f"shoal: error: {out}: a symbolic link") and stderr.count("\n") == 1
+    assert os.listdir(target) == ["keep.txt"] and out.is_symlink()
+
+
+def test_an_import_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys, out, monkeypatch):
+    def no_space(self, *arguments, **options):
+        raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", no_space)
+    fails_cleanly(capsys, small_csv(tmp_path), out, ["--format", "csv"],
+                  f"{out}: the disk is full; nothing was written (free some space, then write it again)")

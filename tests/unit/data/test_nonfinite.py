@@ -36,14 +36,15 @@ def test_a_nan_feature_names_the_dataset_the_file_and_the_row(tmp_path):
     path = write(tmp_path / "set", features_with(23, 2, np.nan), classes())
     with pytest.raises(DataError) as caught:
         open_dataset(path).read_all()
-    assert str(caught.value) == (f"{path}/part-00002.parquet: row 23 of the dataset (row 3 of the file) holds a "
+    # rows count from 1, as the importers count them: the zero-based row 23 is the 24th
+    assert str(caught.value) == (f"{path}/part-00002.parquet: row 24 of the dataset (row 4 of the file) holds a "
                                  "non-finite feature (nan): fix or drop it at the source and import again")
 
 
 @pytest.mark.parametrize("value", [np.inf, -np.inf])
 def test_an_infinite_feature_is_refused_too(tmp_path, value):
     path = write(tmp_path / "set", features_with(4, 0, value), classes())
-    with pytest.raises(DataError, match=rf"part-00000\.parquet: row 4 of the dataset .* feature \({value}\)"):
+    with pytest.raises(DataError, match=rf"part-00000\.parquet: row 5 of the dataset .* feature \({value}\)"):
         open_dataset(path).read_rows(0, 10)
 
 
@@ -51,13 +52,13 @@ def test_the_first_offending_row_is_named(tmp_path):
     features = features_with(17, 4, np.nan)
     features[12, 1] = np.inf
     path = write(tmp_path / "set", features, classes())
-    with pytest.raises(DataError, match=r"part-00001\.parquet: row 12 of the dataset \(row 2 of the file\)"):
+    with pytest.raises(DataError, match=r"part-00001\.parquet: row 13 of the dataset \(row 3 of the file\)"):
         open_dataset(path).read_all()
 
 
 def test_half_precision_features_are_checked(tmp_path):
     path = write(tmp_path / "set", features_with(9, 3, np.inf, "float16"), classes(), "float16")
-    with pytest.raises(DataError, match=r"row 9 of the dataset .* feature \(inf\)"):
+    with pytest.raises(DataError, match=r"row 10 of the dataset .* feature \(inf\)"):
         open_dataset(path).read_all()
 
 
@@ -67,13 +68,13 @@ def test_a_non_finite_regression_target_is_refused(tmp_path):
     path = write(tmp_path / "set", features_with(0, 0, 1.0), targets)
     dataset = open_dataset(path)
     assert dataset.classes is None
-    with pytest.raises(DataError, match=r"part-00002\.parquet: row 27 of the dataset .* non-finite label \(inf\)"):
+    with pytest.raises(DataError, match=r"part-00002\.parquet: row 28 of the dataset .* non-finite label \(inf\)"):
         dataset.read_all()
 
 
 def test_a_worker_loading_its_share_in_memory_refuses_it(tmp_path):
     path = write(tmp_path / "set", features_with(23, 2, np.nan), classes())
-    with pytest.raises(DataError, match=r"part-00002\.parquet: row 23 of the dataset"):
+    with pytest.raises(DataError, match=r"part-00002\.parquet: row 24 of the dataset"):
         ShardLoader(open_dataset(path), rank=1, world_size=2, batch_size=4, seed=0)
     clean = ShardLoader(open_dataset(path), rank=0, world_size=2, batch_size=4, seed=0)  # rows 0..14: clean
     assert clean.rows == 15 and np.isfinite(clean.features).all()
@@ -82,7 +83,7 @@ def test_a_worker_loading_its_share_in_memory_refuses_it(tmp_path):
 def test_a_worker_caching_its_share_refuses_it_and_leaves_no_cache(tmp_path):
     path = write(tmp_path / "set", features_with(23, 2, -np.inf), classes())
     cache_dir = tmp_path / "cache"
-    with pytest.raises(DataError, match=r"part-00002\.parquet: row 23 of the dataset .* \(-inf\)"):
+    with pytest.raises(DataError, match=r"part-00002\.parquet: row 24 of the dataset .* \(-inf\)"):
         ShardLoader(open_dataset(path), rank=0, world_size=1, batch_size=2, seed=0, memory_budget=400,
                     cache_dir=str(cache_dir))
     assert os.listdir(cache_dir) == []  # neither a temporary nor a marker a later run would trust
@@ -91,7 +92,7 @@ def test_a_worker_caching_its_share_refuses_it_and_leaves_no_cache(tmp_path):
 def test_the_test_set_read_whole_is_refused(tmp_path):
     # The coordinator reads the test set with read_all: a NaN there would make every metric NaN.
     path = write(tmp_path / "test", features_with(29, 4, np.nan), classes())
-    with pytest.raises(DataError, match=r"test/part-00002\.parquet: row 29 of the dataset"):
+    with pytest.raises(DataError, match=r"test/part-00002\.parquet: row 30 of the dataset"):
         open_dataset(path).read_all()
 
 

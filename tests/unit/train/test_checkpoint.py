@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import random
 import re
 import shutil
+import socket
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -14,12 +19,13 @@ import torch
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.fake import run_ranks
 from shoal.data.format import DatasetWriter, open_dataset
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, ShoalError
 from shoal.jobs import from_dict
 from shoal.train.checkpoint import (
     CHECKPOINTS,
     COORDINATOR_FILE,
     Checkpointer,
+    CheckpointFull,
     agree_on_latest,
     check_resumable,
     dataset_identity,
@@ -29,6 +35,7 @@ from shoal.train.checkpoint import (
     random_state,
     restore_random_state,
 )
+from shoal.train.state import model_misfit
 
 CPU = torch.device("cpu")
 SPEC = {"input": [4], "layers": [{"dense": 3}]}
@@ -364,3 +371,122 @@ def test_the_resume_epoch_is_the_newest_every_rank_holds(tmp_path):
         return found.epoch, load_rank(folders[comm.rank] / CHECKPOINTS / found.path.name, comm.rank)["global_step"]
 
     assert run_ranks(2, agree) == [(1, 100), (1, 101)]
+
+
+# ---------------------------------------------------------------- a full disk, weights that do not fit, none usable
+
+
+def no_space(*arguments, **options):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def torch_no_space(value, handle, *arguments, **options):
+    """What torch raises when the file it writes into fills the disk: its own error, the OSError as its context
+    (`from None` hides the context from a traceback but keeps it)."""
+    try:
+        no_space()
+    except OSError:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
+
+
+def leftovers_of(run_dir) -> list[str]:
+    return sorted(path.name for path in (run_dir / CHECKPOINTS).iterdir() if path.name.startswith("."))
+
+
+@pytest.mark.parametrize("failure", [no_space, torch_no_space])
+def test_a_full_disk_at_a_checkpoint_is_one_line_naming_the_run_dir_and_leaves_no_temporary(tmp_path, monkeypatch,
+                                                                                           failure):
+    save_alone(tmp_path, 1)
+    monkeypatch.setattr(torch, "save", failure)
+    with pytest.raises(CheckpointFull) as caught:
+        save_alone(tmp_path, 2)
+    message = str(caught.value)
+    assert message == (f"{tmp_path}: the disk is full: checkpoint of epoch 2 not written (free some space, then "
+                       f"--resume {tmp_path})")
+    assert isinstance(caught.value, ShoalError) and caught.value.exit_code == 2  # a user error: never restarted
+    assert leftovers_of(tmp_path) == [] and epochs_on_disk(tmp_path) == ["epoch-00001"]
+
+
+def test_a_full_disk_on_one_rank_fails_every_rank_at_once(tmp_path, monkeypatch):
+    real_save = torch.save
+
+    def save_unless_rank_1(value, handle, *arguments, **options):
+        if value.get("global_step") == 201:  # rank 1's file of epoch 2
+            no_space()
+        real_save(value, handle, *arguments, **options)
+
+    monkeypatch.setattr(torch, "save", save_unless_rank_1)
+
+    def body(comm):
+        checkpointer = Checkpointer(tmp_path, comm, keep=5)
+        checkpointer.save(1, rank_state(comm.rank, 1), {} if comm.rank == 0 else None)
+        with pytest.raises(CheckpointFull, match="the disk is full: checkpoint of epoch 2"):
+            checkpointer.save(2, rank_state(comm.rank, 2), {} if comm.rank == 0 else None)
+        return True
+
+    assert run_ranks(2, body, join_timeout=30) == [True, True]
+    assert leftovers_of(tmp_path) == [] and epochs_on_disk(tmp_path) == ["epoch-00001"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounting a small tmpfs needs root")
+def test_a_real_full_disk_at_a_checkpoint(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        checkpointer = Checkpointer(disk, Communicator(0, 1), keep=5)
+        with pytest.raises(CheckpointFull, match=rf"^{re.escape(str(disk))}: the disk is full"):
+            checkpointer.save(1, {"model": {"weight": torch.zeros(1_000_000)}}, {})  # 4 MB on a 1 MB disk
+        assert leftovers_of(disk) == []
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def fits_linear(state: dict) -> str:
+    return model_misfit(torch.nn.Linear(4, 3).state_dict(), state.get("model"))
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_the_model_is_passed_over_for_the_previous_one(tmp_path):
+    save_alone(tmp_path, 1)
+    newest = save_alone(tmp_path, 2)
+    state = load_rank(newest, 0)
+    state["model"] = torch.nn.Linear(5, 3).state_dict()  # rewritten with other shapes
+    torch.save(state, newest / "rank-00000.pt")
+    expected = (r"skipping damaged checkpoint .*epoch-00002/rank-00000\.pt: its weights do not fit the model "
+                r"\('weight': \[3, 5\] in the file, \[3, 4\] in the model\)")
+    with pytest.warns(UserWarning, match=expected):
+        found = agree_on_latest(tmp_path, Communicator(0, 1), coordinator=True, fits=fits_linear)
+    assert found.epoch == 1
+    assert_same(load_rank(found.path, 0), rank_state(0, 1))
+
+
+def test_model_misfit_names_the_first_tensor_that_differs():
+    wanted = torch.nn.Linear(4, 3).state_dict()
+    assert model_misfit(wanted, torch.nn.Linear(4, 3).state_dict()) == ""
+    assert model_misfit(wanted, {"weight": wanted["weight"]}) == \
+        "its weights do not fit the model ('bias' is in the model only)"
+    assert model_misfit(wanted, None) == "no model weights in it"
+
+
+def test_when_every_checkpoint_is_damaged_resume_is_refused_naming_the_run_dir(tmp_path):
+    for epoch in (1, 2):
+        damaged = save_alone(tmp_path, epoch) / "rank-00000.pt"
+        damaged.write_bytes(damaged.read_bytes()[:40])
+    with warnings.catch_warnings(record=True), pytest.raises(ConfigError) as caught:
+        agree_on_latest(tmp_path, Communicator(0, 1), coordinator=True)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{tmp_path}: no checkpoint can be resumed")
+    assert "new --run-dir" in message
+    shutil.rmtree(tmp_path / CHECKPOINTS)  # no checkpoint at all: a job that failed before its first starts over
+    assert agree_on_latest(tmp_path, Communicator(0, 1), coordinator=True) is None
+
+
+def test_a_dead_writers_temporary_folder_is_swept(tmp_path):
+    save_alone(tmp_path, 1)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    leftover = tmp_path / CHECKPOINTS / f".epoch-00002.{socket.gethostname()}.{dead.stdout.strip()}.0a1b2c3d.tmp"
+    leftover.mkdir()
+    (leftover / "rank-00000.pt").write_bytes(b"half a file")
+    save_alone(tmp_path, 2)
+    assert leftovers_of(tmp_path) == [] and epochs_on_disk(tmp_path) == ["epoch-00001", "epoch-00002"]

@@ -171,3 +171,20 @@ def test_a_job_killed_while_holding_the_run_dir_does_not_keep_it(tmp_path, proje
         assert (run_dir / LOCK_FILE).read_text() == f"{os.getpid()} {socket.gethostname()}\n"
         # and while this process holds it, another job is refused
         assert "in use by another shoal job" in one_line_error(enter, run_dir)
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "/tmp/x", "..", ".", "a\\b"])
+def test_a_job_name_that_is_not_one_plain_name_is_refused_naming_the_key(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    job = from_dict({"model": {"input": [4], "layers": [{"dense": 2}]}, "data": {"train": "/nowhere/train"}},
+                    name=name)
+    message = one_line_error(new_run_dir, job, None)
+    assert message.startswith(f"name: {name!r} is not a plain name")
+    assert os.listdir(tmp_path) == []  # no runs/ folder, nothing anywhere else
+
+
+def test_a_plain_job_name_with_dots_names_its_folder_under_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    job = from_dict({"model": {"input": [4], "layers": [{"dense": 2}]}, "data": {"train": "/nowhere/train"}},
+                    name="v1..2")
+    assert new_run_dir(job, None).parent == Path("runs")

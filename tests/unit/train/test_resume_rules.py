@@ -270,10 +270,14 @@ def test_a_checkpoint_is_on_disk_before_it_is_renamed_and_before_older_ones_go(t
     save(tmp_path, 2, checkpointer=checkpointer)
 
     root = tmp_path / CHECKPOINTS
-    for epoch, rest in ((1, events), (2, events[events.index(("rename", str(root / ".epoch-00001.tmp"),
-                                                                str(root / "epoch-00001"))) + 1:])):
-        temporary, final = str(root / f".epoch-0000{epoch}.tmp"), str(root / f"epoch-0000{epoch}")
-        published = rest.index(("rename", temporary, final))
+
+    def publishing(rest, epoch):  # the rename of the temporary folder, whose name is unpredictable, into place
+        return next(index for index, event in enumerate(rest) if event[0] == "rename"
+                    and event[2] == str(root / f"epoch-0000{epoch}") and event[1].endswith(".tmp"))
+
+    for epoch, rest in ((1, events), (2, events[publishing(events, 1) + 1:])):
+        published = publishing(rest, epoch)
+        temporary, final = rest[published][1], str(root / f"epoch-0000{epoch}")
         synced = {event[1] for event in rest[:published] if event[0] == "fsync"}
         assert {temporary, f"{temporary}/rank-00000.pt", f"{temporary}/{COORDINATOR_FILE}"} <= synced
         assert ("rmtree", final) not in rest[:published]  # never a moment with neither copy

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from shoal.data.declared_classes import DeclaredClasses
 from shoal.data.encoding import Encoding
-from shoal.data.format import Dataset, open_dataset
+from shoal.data.format import Dataset, check_output, full_disk, open_dataset
 from shoal.data.importers.common import ImportRequest, check_file
+from shoal.durable import disk_full
 from shoal.errors import DataError
 
 
@@ -90,14 +91,18 @@ def import_dataset(
         raise DataError(f"{source}: unlabeled: features alone, from {', '.join(UNLABELED)} (no label or classes); "
                         f"{format} files are imported with their labels")
     # Checked here as well as in the writer so that a long first pass is not wasted.
-    if os.path.exists(out) and not overwrite:
-        raise DataError(f"{out}: already exists (choose another output folder)")
+    check_output(os.path.abspath(out), overwrite, out)
     declared = None if classes is None else DeclaredClasses(classes)
     encoding = None if encoding_from is None else Encoding.from_dataset(str(encoding_from))
     writer_options = {"rows_per_file": rows_per_file, "overwrite": overwrite, "declared": declared}
     request = ImportRequest(source, out, format, n_features, label, features, list(categorical or ()), encoding,
                             writer_options, unlabeled)
-    IMPORTERS[format].load()(request)
+    try:
+        IMPORTERS[format].load()(request)
+    except OSError as error:  # the writer removed its temporary folder on the way out
+        if disk_full(error):
+            raise full_disk(out) from None
+        raise
     return open_dataset(out)
 
 

@@ -5,7 +5,8 @@ objective can give, the time split), so a row never needs a column the header la
 named as epoch_end's fields, nested ones dotted (`test.accuracy`, `seconds_split.compute`). Each
 row is flushed to disk as it is written, so a crashed job keeps its epochs. A resumed job
 appends under the header already there (a row cut short by a crash is dropped first); an epoch
-redone after a restart gets a second row, as it has a second record.
+redone after a restart gets a second row, as it has a second record. The file is never opened
+through a symbolic link (`shoal.safe_files`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from shoal.events import SPLIT_PARTS, EpochEnd, Event
+from shoal.safe_files import open_file
 
 CSV_FILE = "metrics.csv"
 TOTALS = ("epoch", "step", "time", "train_loss", "samples", "seconds", "samples_per_second")
@@ -36,7 +38,8 @@ class CsvLogger:
     def __init__(self, run_dir: Path, test_metrics: Sequence[str]):
         self.path = Path(run_dir) / CSV_FILE
         header = existing_header(self.path)
-        self.handle = open(self.path, "a", newline="", encoding="utf-8")
+        descriptor = open_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self.handle = os.fdopen(descriptor, "a", newline="", encoding="utf-8")
         self.writer = csv.DictWriter(self.handle, header or columns(test_metrics), extrasaction="ignore")
         if header is None:
             self.writer.writeheader()
@@ -57,9 +60,9 @@ class CsvLogger:
 
 def existing_header(path: Path) -> list[str] | None:
     """The columns of a file an earlier attempt wrote, its torn last row cut off; None for no file."""
-    if not path.is_file() or path.stat().st_size == 0:
+    if not path.is_symlink() and (not path.is_file() or path.stat().st_size == 0):
         return None
-    with open(path, "rb+") as handle:
+    with os.fdopen(open_file(path, os.O_RDWR), "rb+") as handle:
         content = handle.read()
         if not content.endswith(b"\n"):
             handle.truncate(content.rfind(b"\n") + 1)

@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 from shoal.durable import write_text_durably
 from shoal.events import Event, JobEnd, JobStart
+from shoal.safe_files import refuse_links_within
 from shoal.train.loggers.scalars import parameters, scalars
 
 RUN_FILE = "mlflow.json"
@@ -36,6 +37,8 @@ PARAM_LENGTH = 6000  # the longest param value MLflow (2.10 and later) takes
 class MlflowLogger:
     def __init__(self, run_dir: Path, uri: str | None, experiment: str):
         self.run_dir = Path(run_dir)
+        if uri is None:  # the run directory's own store: MLflow writes its files by name, through any link
+            refuse_links_within(self.run_dir / "mlruns")
         self.uri = uri or (self.run_dir / "mlruns").resolve().as_uri()
         file_store = urlparse(self.uri).scheme in ("", "file")
         for name, value in (PATIENCE | (FILE_STORE if file_store else {})).items():

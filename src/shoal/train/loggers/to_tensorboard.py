@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from shoal.events import Event, JobStart
+from shoal.safe_files import refuse_links_within
 from shoal.train.loggers.scalars import parameters, scalars
 
 TENSORBOARD_FOLDER = "tensorboard"
@@ -22,7 +23,9 @@ class TensorBoardLogger:
     def __init__(self, run_dir: Path):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / TENSORBOARD_FOLDER))
+        folder = Path(run_dir) / TENSORBOARD_FOLDER
+        refuse_links_within(folder)  # its event files' names are foreseeable (time, host, pid); opened by name
+        self.writer = SummaryWriter(log_dir=str(folder))
 
     def write(self, event: Event) -> None:
         if isinstance(event, JobStart):

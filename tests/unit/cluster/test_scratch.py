@@ -1,0 +1,50 @@
+"""The launcher's temporary folders carry its pid: those of ended launchers are swept, never a live one's,
+another program's, or what a link points at."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from shoal.cluster import scratch
+
+
+def test_only_the_folders_of_ended_launchers_are_swept(tmp_path):
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("precious")
+    dead = [tmp_path / f"{scratch.LOGS}{ended.pid}-ab_12cd3", tmp_path / f"{scratch.SERVER}{ended.pid}-x9y8z7w6"]
+    for folder in dead:
+        folder.mkdir()
+        (folder / "log").write_text("left by a killed launcher")
+        (folder / "link").symlink_to(victim)
+    live = tmp_path / f"{scratch.LOGS}{os.getppid()}-abcdefgh"
+    others = [live, tmp_path / f"{scratch.LOGS}abcdefgh", tmp_path / "torchelastic_x"]
+    for folder in others:
+        folder.mkdir()
+    link = tmp_path / f"{scratch.LOGS}{ended.pid}-linked00"
+    link.symlink_to(victim)
+    assert sorted(scratch.sweep(str(tmp_path))) == sorted(map(str, dead))
+    assert all(folder.is_dir() for folder in others) and link.is_symlink()
+    assert (victim / "keep").read_text() == "precious"
+
+
+def test_a_new_folder_is_owned_by_this_process(tmp_path, monkeypatch):
+    monkeypatch.setattr(scratch.tempfile, "tempdir", str(tmp_path))
+    made = scratch.make(scratch.LOGS)
+    assert scratch.owner(os.path.basename(made)) == os.getpid() and os.stat(made).st_mode & 0o777 == 0o700
+    assert scratch.sweep() == [] and os.path.isdir(made)
+
+
+def test_fit_and_predict_folders_of_ended_processes_go_when_the_next_one_is_made(tmp_path, monkeypatch):
+    monkeypatch.setattr(scratch.tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    left = [tmp_path / f"{prefix}{ended.pid}-ab_12cd3" for prefix in (scratch.DATA, scratch.PREDICT)]
+    for folder in left:
+        folder.mkdir()
+    made = scratch.make(scratch.PREDICT, sweep_first=True)
+    assert not any(folder.exists() for folder in left) and os.path.isdir(made)
