@@ -229,3 +229,17 @@ def test_tensorboard_never_writes_through_a_link_inside_its_folder(run, victim):
     planted.symlink_to(victim)
     refused(TensorBoardLogger, run, link=planted)
     assert victim.read_text() == VICTIM_TEXT
+
+
+def test_a_studys_trials_never_go_through_a_link(tmp_path, victim):
+    from shoal.bench.study import TRIALS_FILE, write_trials
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "trials.csv.tmp").symlink_to(victim)  # the fixed temporary name of earlier versions
+    write_trials(out, [])
+    assert (out / TRIALS_FILE).read_text().startswith("size,") and victim.read_text() == VICTIM_TEXT
+    (out / TRIALS_FILE).unlink()
+    (out / TRIALS_FILE).symlink_to(victim)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        write_trials(out, [])
+    assert victim.read_text() == VICTIM_TEXT

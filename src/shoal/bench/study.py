@@ -18,6 +18,7 @@ The study folder, the job's data and shoal must then be at the same paths on eve
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import random
@@ -37,6 +38,7 @@ from shoal.cluster import forkserver
 from shoal.cluster.env import cores, threads_per_worker
 from shoal.config import JobConfig
 from shoal.data.format import open_dataset
+from shoal.durable import write_text_durably
 from shoal.errors import ConfigError, ShoalError, WorkerError
 from shoal.train.directory import write_job_file
 
@@ -281,16 +283,12 @@ def read_trials(out: Path) -> list[dict]:
 
 def write_trials(out: Path, rows: list[dict]) -> None:
     """All rows to out/trials.csv at once: a crash leaves the previous file, never half of one."""
-    path = out / TRIALS_FILE
-    temporary = path.with_suffix(".csv.tmp")
-    with open(temporary, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({key: ("" if row.get(key) is None else row[key]) for key in COLUMNS})
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=COLUMNS)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({key: ("" if row.get(key) is None else row[key]) for key in COLUMNS})
+    write_text_durably(out / TRIALS_FILE, text.getvalue())  # never through a link at the file's name
 
 
 def _number(key: str, value: str):
@@ -331,9 +329,7 @@ def _check_same_study(out: Path, job: JobConfig, fingerprint: str, seed: int) ->
                 raise ConfigError(f"{path}: this folder holds a study with another {key} "
                                   f"({recorded.get(key)!r} there); choose another --out")
         return
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps({**identity, "machine": describe()}, indent=1))
-    os.replace(temporary, path)
+    write_text_durably(path, json.dumps({**identity, "machine": describe()}, indent=1))
 
 
 def _job_identity(job: JobConfig) -> dict:
