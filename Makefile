@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+DEMO_STAMP := $(VENV)/.demo-stamp
 PEERS_STAMP := $(VENV)/.peers-stamp
 
 .PHONY: install demo check test lint bench system-packages
@@ -11,9 +12,14 @@ PEERS_STAMP := $(VENV)/.peers-stamp
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# The demo needs shoal alone; the tests add their extras (.[test]) on top of the same install.
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(DEMO_STAMP)
+
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
 install: $(STAMP)
 
@@ -22,7 +28,7 @@ $(PEERS_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,peers]'
 	touch $(PEERS_STAMP)
 
-demo: install
+demo: $(DEMO_STAMP)
 	@test -d .demo/train || $(BIN)/shoal data synth binary --rows 200000 --seed 1 --out .demo/train
 	@test -d .demo/test || $(BIN)/shoal data synth binary --rows 20000 --seed 2 --out .demo/test
 	@rm -rf .demo/run
@@ -40,7 +46,8 @@ system-packages:
 	    || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	        $$missing >/dev/null) || echo "could not install$$missing: the tests that need them skip"; fi
 
-# A quick check while editing (under 2 minutes on 2 cores): ruff, and the unit tests that start no processes.
+# A quick check while editing (under 2 minutes on 2 cores): ruff, and the unit tests, which start no processes
+# (those in tests/unit/cluster and tests/unit/test_supervisor.py that still do are marked `processes`, left out).
 check: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q tests/unit -m "not processes" --durations=30

@@ -1,4 +1,4 @@
-"""Shared fixtures: the shared data folder, and no child process outliving its test."""
+"""Shared fixtures: the shared data folder, no child process outliving its test, none started by a unit test."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.support import no_processes
+from tests.support.factories import user_factories
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -25,6 +28,35 @@ def a9a_dir() -> Path:
     if not (folder / "a9a").exists():
         pytest.skip(f"shared data set missing: {folder} (CI always has it)")
     return folder
+
+
+# Unit tests start no process. Those in these files still do, until they move out of tests/unit too.
+UNIT = ROOT / "tests" / "unit"
+NOT_YET_MOVED = (UNIT / "cluster", UNIT / "test_supervisor.py")
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_start_no_process(request):
+    """Fail a test under tests/unit that starts a process: it belongs in tests/processes (or e2e, distributed)."""
+    path = Path(request.node.path)
+    if not path.is_relative_to(UNIT) or any(path.is_relative_to(folder) for folder in NOT_YET_MOVED):
+        yield
+        return
+    with no_processes.watch() as started:
+        yield
+    assert not started, f"a unit test started processes (move it to tests/processes): {started}"
+
+
+@pytest.fixture
+def quiet_environment(monkeypatch):
+    """`shoal.cli.main` sets TORCH_CPP_LOG_LEVEL for its workers; the test's environment is put back after."""
+    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
+@pytest.fixture
+def factories(tmp_path, monkeypatch):
+    """A factory module in the current folder (as a user's own module is), not on sys.path."""
+    yield from user_factories(tmp_path, monkeypatch)
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,9 @@ from pathlib import Path
 import torch
 
 from shoal.cluster.env import threads_per_worker
-from shoal.cluster.rendezvous import Nodes
+from shoal.cluster.node import forkserver
+from shoal.cluster.node.rendezvous import Nodes
+from shoal.cluster.node.supervisor import Plan, supervise
 from shoal.config import ClusterConfig, JobConfig, apply_overrides, parse_override
 from shoal.errors import ConfigError
 from shoal.events import EVENTS_FILE, EpochEnd, read_history
@@ -28,10 +30,10 @@ from shoal.fit_inputs import (
 from shoal.jobs import from_dict, load_job
 from shoal.model import Trust, check_trusted, object_file
 from shoal.notebook import EpochRelay, in_notebook
-from shoal.supervisor import Plan, supervise
 from shoal.train.artifacts import load_model
 from shoal.train.checkpoint import check_resumable
 from shoal.train.directory import JOB_FILE, check_new_run_dir, new_run_dir, write_job_file
+from shoal.train.exits import restart_record
 from shoal.train.lock import hold_run_dir
 from shoal.train.loggers import check_installed
 from shoal.train.prepare import check_device, check_world_size, prepare
@@ -66,8 +68,9 @@ def resolve_job(job: str | Path | JobConfig | dict, overrides=(), workers: int |
 
 
 def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: bool = False,
-          max_restarts: int = 0, callbacks: Path | None = None) -> None:
-    """Check the job, write its resolved file into this machine's run directory and run its workers.
+          max_restarts: int = 0, callbacks: Path | None = None, server: forkserver.ForkServer | None = None) -> None:
+    """Check the job, write its resolved file into this machine's run directory and run its workers
+    (forked from `server`, the caller's fork server, where there is one).
 
     A failed attempt is recorded in the events; with restarts left, every machine's workers start
     again from the newest checkpoint. Errors in the user's input (exit status 2, a NaN loss among
@@ -95,7 +98,8 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
         job_file = write_job_file(run_dir, job)
         threads = threads_per_worker(job.cluster.threads, job.cluster.workers)
         supervise(Plan(job_file, run_dir, workers=job.cluster.workers, threads=threads, timeout=job.cluster.timeout,
-                       max_restarts=max_restarts, resume=resume, callbacks=callbacks), nodes)
+                       restart_record=restart_record, max_restarts=max_restarts, resume=resume,
+                       callbacks=callbacks, server=server), nodes)
 
 
 def absolute_data_paths(job: JobConfig) -> None:
@@ -156,10 +160,14 @@ def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=N
         if relay:  # the workers' lines would go to the notebook server's log: this process shows the epochs
             config.output.progress = "none"
         directory = new_run_dir(config, run_dir)
-        with _removed_unless_started(directory), EpochRelay(directory) if relay else contextlib.nullcontext():
+        # the same process tree as `shoal train`: a fork server imports the workers while this process
+        # reads the data; a job refused by its arguments above started none
+        with forkserver.serving() as server, _removed_unless_started(directory), \
+                EpochRelay(directory) if relay else contextlib.nullcontext():
             if config.model.object == PENDING:  # named relative to the run directory, where it is read from
                 config.model.object = Path(ship_model(model, directory)).name
-            start(config, directory, max_restarts=max_restarts, callbacks=ship_callbacks(callbacks, directory))
+            start(config, directory, max_restarts=max_restarts, callbacks=ship_callbacks(callbacks, directory),
+                  server=server)
     # the caller's own factory or model
     return result(directory, trust_code=config.model.factory or config.model.object or False)
 
@@ -237,7 +245,8 @@ def resume(run_dir: str | Path, *, overrides=(), max_restarts: int = 0, trust_co
     """
     run_dir = Path(run_dir)
     job = resumed_job(run_dir, overrides, trust_code)
-    start(job, run_dir, resume=True, max_restarts=max_restarts)
+    with forkserver.serving() as server:  # as `shoal train --resume` does
+        start(job, run_dir, resume=True, max_restarts=max_restarts, server=server)
     return result(run_dir, trust_code=job.model.factory or job.model.object or False)
 
 

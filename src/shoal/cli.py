@@ -14,21 +14,18 @@ DESCRIPTION = "shoal: train one neural network across many commodity machines."
 
 
 def command_train(args: argparse.Namespace) -> int:
-    from shoal.cluster import forkserver
+    from shoal.cluster.node import forkserver
 
-    if not (args.hosts or args.hostfile):  # this machine runs workers: they import while this process does
-        forkserver.start()
-    try:
-        return train_here(args)
-    finally:
-        forkserver.stop()
+    # this machine runs workers: they import while this process does
+    with forkserver.serving(wanted=not (args.hosts or args.hostfile)) as server:
+        return train_here(args, server)
 
 
-def train_here(args: argparse.Namespace) -> int:
+def train_here(args: argparse.Namespace, server=None) -> int:
+    """`shoal train` on this machine; `server`: the fork server its workers fork from (shoal.cluster.node), if any."""
     from shoal.api import final_metrics, resolve_job, resumed_job, start
-    from shoal.cluster import forkserver
     from shoal.cluster.interface import use_interface
-    from shoal.cluster.rendezvous import Nodes
+    from shoal.cluster.node.rendezvous import Nodes
     from shoal.cluster.signals import Interrupted
     from shoal.train.directory import new_run_dir
 
@@ -45,7 +42,8 @@ def train_here(args: argparse.Namespace) -> int:
     if args.max_restarts < 0:
         raise ShoalError(f"--max-restarts: must be >= 0, got {args.max_restarts}")
     if args.hosts or args.hostfile or (job.cluster.hosts and not args.stop_when_input_closes and args.nnodes == 1):
-        forkserver.stop()  # the hosts run the workers
+        if server is not None:  # the hosts run the workers
+            server.close()
         return command_train_hosts(args, job)
     if args.nnodes < 1:
         raise ShoalError(f"--nnodes: must be >= 1, got {args.nnodes}")
@@ -65,7 +63,7 @@ def train_here(args: argparse.Namespace) -> int:
     nodes = Nodes(count=args.nnodes, rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id,
                   secret=secret)
     try:
-        start(job, run_dir, nodes, resume=args.resume is not None, max_restarts=args.max_restarts)
+        start(job, run_dir, nodes, resume=args.resume is not None, max_restarts=args.max_restarts, server=server)
     except Interrupted as interrupt:
         print(f"shoal: {interrupt}; continue with: shoal train --resume {run_dir}{trust_flag(job)}", file=sys.stderr)
         return interrupt.exit_code
@@ -82,7 +80,7 @@ def node_secret(args: argparse.Namespace) -> str | None:
     if args.secret_file is not None and args.rdzv_id is not None:
         raise ShoalError("--secret-file and --rdzv-id: give one of them (either is the job's secret)")
     if args.secret_file is not None:
-        from shoal.cluster.rendezvous import read_secret
+        from shoal.cluster.node.rendezvous import read_secret
 
         return read_secret(args.secret_file)
     if args.stop_when_input_closes:

@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import choose_device, get_dist_info, init_process_group, threads_per_worker
-from shoal.cluster.environments import Slurm
-from shoal.cluster.orphan import end_with_parent, under_shoal_launcher
+from shoal.cluster.environments import Slurm, detect, named
+from shoal.cluster.orphan import end_with_parent
 from shoal.cluster.requeue import EXIT_REQUEUED, EpochEndStop, StopRequested, requeue
 from shoal.durable import write_bytes_durably
 from shoal.errors import ShoalError, first_line, lost_peer
@@ -48,7 +48,9 @@ def run(argv: list[str] | None = None) -> dict:
     parser.add_argument("--callbacks", help="a file of callbacks written by shoal.fit (loading it runs its code)")
     args = parser.parse_args(argv)
     defer_compiler()  # a worker compiles nothing unless its model does: 1.5 s of start-up saved
-    end_with_parent()  # a worker whose launcher died (SIGKILL included) must not train on alone
+    launcher = detect(os.environ)
+    # a worker whose launcher died (SIGKILL included) must not train on alone
+    end_with_parent(launcher=launcher.launcher_pid() if launcher else None)
     info = get_dist_info()
     job = load_job(args.job, args.overrides)
     threads = args.threads or threads_per_worker(job.cluster.threads, info.local_world_size)
@@ -63,7 +65,7 @@ def run(argv: list[str] | None = None) -> dict:
         run_dir = Path(args.run_dir) if args.run_dir else (new_run_dir(job, None) if info.rank == 0 else None)
         run_dir = Path(Communicator(info.rank, info.world_size, device=device).broadcast_object(str(run_dir)))
         if info.rank == 0:
-            if not under_shoal_launcher():  # started by torchrun, srun or mpirun: rank 0 holds it for the job
+            if not named(info.launcher).holds_run_dir:  # torchrun, srun or mpirun: rank 0 holds it for the job
                 held.enter_context(hold_run_dir(run_dir))
             run_dir.mkdir(parents=True, exist_ok=True)
             write_job_file(run_dir, job, replace=False)

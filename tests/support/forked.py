@@ -16,18 +16,20 @@ import subprocess
 import sys
 import time
 
-from shoal.cluster.orphan import end_with_parent, under_shoal_launcher
+from shoal.cluster.environments import ShoalLauncher, detect
+from shoal.cluster.orphan import end_with_parent
 
 
 def report(**more) -> None:
     print(json.dumps({"name": __name__, "arguments": sys.argv[1:], "pid": os.getpid(), "parent": os.getppid(),
                       "folder": os.getcwd(), "marker": os.environ.get("FORKED_MARKER"),
-                      "under_launcher": under_shoal_launcher(),
+                      "under_launcher": isinstance(detect(os.environ), ShoalLauncher),
                       "hangup_ignored": signal.getsignal(signal.SIGHUP) == signal.SIG_IGN, **more}), flush=True)
 
 
 def main(action: str) -> int:
-    end_with_parent(0.1)  # as shoal.worker does
+    launcher = detect(os.environ)
+    end_with_parent(0.1, launcher=launcher.launcher_pid() if launcher else None)  # as shoal.worker does
     if action == "term":
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(5))
     if action == "family":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 
@@ -376,19 +375,6 @@ def test_a_shape_told_without_a_forward_pass_is_the_forward_passs(case, monkeypa
     monkeypatch.undo()
     told = from_layers(input_shape, layers)
     assert str(told) == str(forward) and run(told, input_shape).shape == run(forward, input_shape).shape
-
-
-def test_sizing_a_dense_model_on_the_meta_device_imports_no_sympy(project_env):
-    script = """
-import sys
-from shoal.train.prepare import built_on_meta
-model = built_on_meta({"input": [784], "layers": [{"dense": 256, "activation": "relu"}, {"dropout": 0.1},
-                                                  {"dense": 10}]})
-assert next(model.parameters()).is_meta and "sympy" not in sys.modules, "sympy imported"
-"""
-    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=project_env,
-                              timeout=120)
-    assert finished.returncode == 0, finished.stderr[-2000:]
 
 
 def test_a_forward_returning_more_than_one_tensor_is_one_line_naming_the_model():

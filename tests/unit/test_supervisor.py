@@ -7,9 +7,9 @@ and the `worker_failed` event point at the right rank and host.
 
 from __future__ import annotations
 
-from shoal.cluster.rendezvous import Report, failure_fields
+from shoal.cluster.node.rendezvous import Report, failure_fields
+from shoal.cluster.node.supervisor import root_cause
 from shoal.events import WorkerFailed
-from shoal.supervisor import root_cause
 
 HOSTS = ["node-a", "node-b", "node-c"]
 

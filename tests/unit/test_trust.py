@@ -20,37 +20,9 @@ from shoal.errors import ConfigError
 from shoal.model import build_model, from_factory
 from shoal.train.artifacts import save_model
 from shoal.train.objective import Objective
+from tests.support.factories import FACTORIES
 
-FACTORIES = "shoal_trust_factories"
-
-
-@pytest.fixture(autouse=True)
-def quiet_environment(monkeypatch):
-    """`shoal.cli.main` sets TORCH_CPP_LOG_LEVEL for its workers; the test's environment is put back after."""
-    monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "ERROR")
-
-
-@pytest.fixture
-def factories(tmp_path, monkeypatch):
-    """A factory module in the current folder (as a user's own module is), not on sys.path."""
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / f"{FACTORIES}.py").write_text(textwrap.dedent("""
-        from torch import nn
-
-        def mlp(features, classes=2):
-            return nn.Sequential(nn.Linear(features, classes))
-
-        def broken(features):
-            raise ValueError("no width fits\\nthe second line stays out")
-
-        def mistyped(features):
-            return nn.Linear(features, "two")
-    """))
-    monkeypatch.chdir(folder)
-    monkeypatch.delitem(sys.modules, FACTORIES, raising=False)
-    yield FACTORIES
-    sys.modules.pop(FACTORIES, None)
+pytestmark = pytest.mark.usefixtures("quiet_environment")
 
 
 def write_dataset(path: Path) -> Path:
@@ -140,18 +112,6 @@ def write_resumable(tmp_path: Path, marker: Path, factory: str = "os:system") ->
     return run_dir
 
 
-def test_resume_refuses_a_factory_from_the_run_directory(tmp_path, capsys):
-    marker = tmp_path / "ran"
-    run_dir = write_resumable(tmp_path, marker)
-    with pytest.raises(ConfigError) as caught:
-        shoal.resume(run_dir)
-    assert str(caught.value) == untrusted_line(run_dir / "job.toml", "os:system")
-    assert main(["train", "--resume", str(run_dir)]) == 2
-    assert capsys.readouterr().err == f"shoal: error: {untrusted_line(run_dir / 'job.toml', 'os:system')}\n"
-    assert not marker.exists()
-    assert sorted(path.name for path in run_dir.iterdir()) == ["job.toml"]
-
-
 def test_resume_trusts_the_run_when_told_or_when_the_factory_is_named_again(tmp_path):
     run_dir = write_resumable(tmp_path, tmp_path / "ran")
     assert resumed_job(run_dir, trust_code=True).model.factory == "os:system"
@@ -159,12 +119,6 @@ def test_resume_trusts_the_run_when_told_or_when_the_factory_is_named_again(tmp_
     assert resumed_job(run_dir, ['model.factory="os:system"']).model.factory == "os:system"
     assert not (tmp_path / "ran").exists()  # deciding to trust builds nothing
     assert trust_flag(resumed_job(run_dir, trust_code=True)) == " --trust-code"  # what an interrupted job suggests
-
-
-def test_trust_code_is_only_for_resume(tmp_path, capsys):
-    assert main(["train", str(tmp_path / "job.toml"), "--trust-code"]) == 2
-    assert capsys.readouterr().err == ("shoal: error: --trust-code: only with --resume RUN_DIR "
-                                       "(a job file you name is trusted as it is)\n")
 
 
 # ---------------------------------------------------------------- factories: sys.path and one-line errors
@@ -202,18 +156,6 @@ def test_a_module_that_fails_as_it_loads_is_one_line(tmp_path, monkeypatch):
     assert sys.path == before
 
 
-def test_the_launcher_reports_a_failing_factory_in_one_line(tmp_path, factories, capsys, monkeypatch):
-    monkeypatch.setattr(sys, "path", list(sys.path))  # whatever the launcher's checks import, later tests start clean
-    train = write_dataset(tmp_path / "train")
-    job = tmp_path / "job.toml"
-    job.write_text(f'[model]\nfactory = "{factories}:broken"\narguments = {{ features = 3 }}\n'
-                   f'[data]\ntrain = "{train}"\n')
-    assert main(["train", str(job), "--run-dir", str(tmp_path / "run")]) == 2
-    assert capsys.readouterr().err == f"shoal: error: model.factory: '{factories}:broken' failed: ValueError: " \
-                                      "no width fits\n"
-    assert not (tmp_path / "run").exists()
-
-
 # ---------------------------------------------------------------- resume: commands the run's job.toml names
 
 
@@ -235,41 +177,12 @@ def write_remote_run(tmp_path: Path, marker: Path, hosts: bool = True) -> Path:
     return run_dir
 
 
-def test_resume_refuses_a_remote_command_from_the_run_directory(tmp_path, capsys):
-    marker = tmp_path / "PWNFILE"
-    run_dir = write_remote_run(tmp_path, marker)
-    assert main(["train", "--resume", str(run_dir)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"shoal: error: {run_dir / 'job.toml'}: cluster.remote \"sh -c 'touch {marker}; echo x' "
-                          "{host}\" would run that command here; pass --trust-code") and err.count("\n") == 1
-    assert not marker.exists()
-
-
 def test_resume_on_named_hosts_refuses_the_run_directorys_remote_command(tmp_path, capsys):
     marker = tmp_path / "PWNFILE"
     run_dir = write_remote_run(tmp_path, marker, hosts=False)
     assert main(["train", "--resume", str(run_dir), "--hosts", "h"]) == 2  # as the interrupt message suggests
     assert "cluster.remote" in capsys.readouterr().err
     assert not marker.exists()
-
-
-def test_resume_refuses_the_run_directorys_hosts(tmp_path, capsys):
-    run_dir = write_remote_run(tmp_path, tmp_path / "ran")
-    (run_dir / "job.toml").write_text((run_dir / "job.toml").read_text().replace("remote =", "# remote ="))
-    assert main(["train", "--resume", str(run_dir)]) == 2
-    assert capsys.readouterr().err == (f"shoal: error: {run_dir / 'job.toml'}: cluster.hosts ['localhost'] would "
-                                       "start shoal on those hosts through 'ssh {host}'; pass --trust-code if you "
-                                       "trust this run directory, or give it again (--hosts)\n")
-
-
-def test_a_hosts_head_whose_remote_command_started_no_node_fails(tmp_path, capsys):
-    marker = tmp_path / "PWNFILE"
-    run_dir = write_remote_run(tmp_path, marker)
-    assert main(["train", "--resume", str(run_dir), "--trust-code"]) == 2  # trusted: it runs, and trains nothing
-    err = capsys.readouterr().err
-    assert err == (f"shoal: error: localhost: never started its node: \"sh -c 'touch {marker}; echo x' {{host}}\" "
-                   "ended without running shoal there\n")
-    assert marker.exists()
 
 
 # ---------------------------------------------------------------- model.object: inside the run directory only
@@ -316,21 +229,3 @@ def test_a_copied_run_without_its_pickle_does_not_read_the_originals(tmp_path, m
     with pytest.raises(ConfigError) as caught:
         build_model({"input": [3], "object": "model.object.pkl"}, copy)
     assert str(caught.value) == f"model.object: {copy / 'model.object.pkl'}: no such file in the run directory"
-
-
-def test_resume_of_a_copied_run_without_its_pickle_stops_before_any_worker(tmp_path, capsys):
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    train = write_dataset(tmp_path / "train")
-    (run_dir / "job.toml").write_text(f'[model]\nobject = "model.object.pkl"\n[data]\ntrain = "{train}"\n')
-    assert main(["train", "--resume", str(run_dir), "--trust-code"]) == 2
-    assert capsys.readouterr().err == (f"shoal: error: model.object: {run_dir / 'model.object.pkl'}: no such file "
-                                       "in the run directory\n")
-
-
-def test_fit_names_the_shipped_model_relative_to_the_run_directory(tmp_path):
-    features = np.random.default_rng(0).normal(size=(32, 3)).astype(np.float32)
-    result = shoal.fit(model=nn.Linear(3, 2), train=(features, (features[:, 0] > 0).astype(np.int64)), workers=1,
-                       epochs=1, run_dir=tmp_path / "run", output={"progress": "none"}, checkpoint={"every": 0})
-    assert 'object = "model.object.pkl"' in (result.run_dir / "job.toml").read_text()
-    assert isinstance(result.model, nn.Linear)

@@ -34,8 +34,8 @@ from pathlib import Path
 
 from shoal.bench.grid import Size, derive_sizes
 from shoal.bench.machine import describe
-from shoal.cluster import forkserver
 from shoal.cluster.env import cores, threads_per_worker
+from shoal.cluster.node import forkserver
 from shoal.config import JobConfig
 from shoal.data.format import open_dataset
 from shoal.durable import write_text_durably
@@ -133,10 +133,9 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
                if (size.label, place.workers, trial) not in finished]
     totals = [place.workers for place in grid_places]
     bar = _bar(len(pending), len(finished & _cells(sizes, totals, trials)), progress)
-    if not hosts and pending:  # each trial's workers come imported: the study's own import is not timed either
-        server = forkserver.start()
-        if server is not None:
-            server.wait_ready()
+    server = forkserver.start() if not hosts and pending else None
+    if server is not None:  # each trial's workers come imported: the study's own import is not timed either
+        server.wait_ready()
     try:
         for trial, size, place in pending:
             where = f" on {place.nodes} host(s)" if hosts else ""
@@ -144,11 +143,12 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
             if hosts:
                 done.append(run_trial_on_hosts(job, job_file, out, size, place, trial, hosts[:place.nodes]))
             else:
-                done.append(run_trial(job, out, size, place.workers, trial, available))
+                done.append(run_trial(job, out, size, place.workers, trial, available, server))
             write_trials(out, done)
             bar.update()
     finally:
-        forkserver.stop()
+        if server is not None:
+            server.close()
         bar.close()
     return done
 
@@ -165,15 +165,16 @@ def trial_overrides(job: JobConfig, size: Size, trial: int) -> list[str]:
     return [f"data.train={json.dumps(size.path)}", f"train.seed={job.train.seed + trial - 1}", "output.progress='none'"]
 
 
-def run_trial(job: JobConfig, out: Path, size: Size, workers: int, trial: int, available: int) -> dict:
-    """One fresh job on this machine; its row for the CSV."""
+def run_trial(job: JobConfig, out: Path, size: Size, workers: int, trial: int, available: int,
+              server: forkserver.ForkServer | None = None) -> dict:
+    """One fresh job on this machine (its workers forked from `server`, if any); its row for the CSV."""
     from shoal.api import resolve_job, start
 
     run_dir = trial_dir(out, size, workers, trial)
     config = resolve_job(job, trial_overrides(job, size, trial), workers)
     began = time.perf_counter()
     try:
-        start(config, run_dir)
+        start(config, run_dir, server=server)
     except WorkerError as error:  # kept for a look; a rerun starts this trial afresh
         error.args = (f"size {size.label}, {workers} workers, trial {trial} (run directory {run_dir}): {error}",)
         raise

@@ -18,11 +18,10 @@ import sys
 import torch
 import torch.distributed as dist
 
+from shoal.cluster import keys
 from shoal.errors import ShoalError
 
 CPU = "cpu"
-KEY = "shoal/device/{rank}"
-READ = "shoal/device/read/{rank}"
 
 
 def gpu_identity(device: torch.device) -> str:
@@ -36,13 +35,13 @@ def agree_device(requested: str, proposed: torch.device, store: dist.Store, rank
                  host: str) -> torch.device:
     """The device this rank uses: `proposed` where the job's ranks can all keep theirs, else the CPU
     (`requested` "auto"). Collective: every rank of the job calls it, with the same `requested`."""
-    store.set(KEY.format(rank=rank), json.dumps({"host": host, "gpu": gpu_identity(proposed)}))
-    keys = [KEY.format(rank=other) for other in range(world_size)]
-    store.wait(keys)
-    claims = [json.loads(claim) for claim in store.multi_get(keys)]  # one request, not one per rank
-    store.set(READ.format(rank=rank), "1")
+    store.set(keys.device(rank), json.dumps({"host": host, "gpu": gpu_identity(proposed)}))
+    claimed = [keys.device(other) for other in range(world_size)]
+    store.wait(claimed)
+    claims = [json.loads(claim) for claim in store.multi_get(claimed)]  # one request, not one per rank
+    store.set(keys.device_read(rank), "1")
     if rank == 0:  # rank 0 may serve the store: it stays until every rank has read, even to fail
-        store.wait([READ.format(rank=other) for other in range(world_size)])
+        store.wait([keys.device_read(other) for other in range(world_size)])
     if settle(requested, claims) == "own":
         return proposed
     if rank == 0 and any(claim["gpu"] != CPU for claim in claims):  # GPUs were there: say once why not

@@ -17,13 +17,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from shoal.cluster import keys
 from shoal.cluster.collectives import open_message_group
 from shoal.cluster.device_agreement import agree_device
-from shoal.cluster.environments import TorchElastic, detect
+from shoal.cluster.environments import detect, named
 from shoal.cluster.environments.mpi import MPI_LAUNCHERS, agree_master
 from shoal.cluster.interface import choose_interface
-from shoal.cluster.orphan import under_shoal_launcher
-from shoal.cluster.store import group_store, worker_secret
+from shoal.cluster.store import attempt_store, client, group_store, worker_secret
 from shoal.errors import ShoalError
 
 
@@ -125,15 +125,15 @@ def agree_attempt(info: DistInfo, master: tuple[str, int], timeout: float) -> tu
     each counts its own starts in the store, and all arrive at the same number. (Where the
     workers do not share the agents' store, rank 0 hosts a fresh one and the agent's count is
     all there is.)"""
-    if info.launcher != TorchElastic.name or under_shoal_launcher():  # shoal's own: a store per attempt
+    if not named(info.launcher).keeps_store_across_restarts:  # shoal's own: a store per attempt; SLURM, MPI: none
         return 0, {}
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return restarts, {}
-    client = dist.TCPStore(master[0], master[1], is_master=False, timeout=timedelta(seconds=timeout))
+    agents = client(master[0], master[1], timeout)
     # one machine has one agent, whose count is the job's; across machines the ranks count their starts
-    attempt = restarts if info.world_size == info.local_world_size else client.add(f"shoal/started/{info.rank}", 1) - 1
-    return attempt, ({"store": dist.PrefixStore(f"shoal/attempt-{attempt}", client)} if attempt else {})
+    attempt = restarts if info.world_size == info.local_world_size else agents.add(keys.started(info.rank), 1) - 1
+    return attempt, ({"store": attempt_store(agents, attempt)} if attempt else {})
 
 
 def choose_device(name: str, info: DistInfo) -> torch.device:

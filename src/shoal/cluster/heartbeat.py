@@ -15,19 +15,16 @@ import json
 import os
 import threading
 import time
-from datetime import timedelta
 
 import torch.distributed as dist
 
+from shoal.cluster import keys
 from shoal.cluster.env import DistInfo
-from shoal.cluster.store import REQUEST_SECONDS, STORE_ERRORS, Bounded, Sealed, worker_secret
+from shoal.cluster.store import STORE_ERRORS, Bounded, Sealed, attempt_store, client, worker_secret
 
 HEARTBEAT_SECONDS = 1.0
-SILENT_KEY = "shoal/silent"
-
-
-def beat_key(rank: int) -> str:
-    return f"shoal/beat/{rank}"
+SILENT_KEY = keys.SILENT
+beat_key = keys.beat
 
 
 def silence(beat: dict) -> str:
@@ -47,17 +44,10 @@ def job_store(info: DistInfo) -> dist.Store:
     address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if info.world_size > 1 and address and port:
         try:
-            return dist.TCPStore(address, int(port), is_master=False, wait_for_workers=False,
-                                 timeout=timedelta(seconds=REQUEST_SECONDS))
+            return client(address, int(port))
         except (RuntimeError, ValueError):  # no store after all: liveness stays local
             pass
     return dist.HashStore()
-
-
-def attempt_store(store: dist.Store, attempt: int) -> dist.Store:
-    """The keys of one attempt: torchrun keeps its store across restarts, and an earlier attempt's
-    beats or verdict must not speak for this one."""
-    return dist.PrefixStore(f"shoal/attempt-{attempt}", store) if attempt else store
 
 
 def liveness_store(info: DistInfo) -> dist.Store:

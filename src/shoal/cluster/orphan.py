@@ -6,8 +6,9 @@ could even write the model. Each worker watches its parent instead: once the pro
 started it is gone (the kernel hands the orphan to init or a subreaper), it stops at once,
 writing nothing more. Polling the parent's pid is used rather than PR_SET_PDEATHSIG, which fires
 when the launcher's starting *thread* ends, not the launcher. A worker forked by `shoal train`'s fork
-server (shoal.cluster.forkserver) has the server for its parent and launcher, and the server ends as
-soon as the launcher does.
+server (shoal.cluster.node.forkserver) has the server for its parent and launcher, and the server ends as
+soon as the launcher does. Which launcher a worker ends with is its environment's to say
+(shoal.cluster.environments: `launcher_pid`); this module reads no launcher's variables.
 
 A helper process that its starting thread waits on (a `shoal predict` pool worker) uses the kernel's
 PR_SET_PDEATHSIG instead (`die_with_parent`): the starting thread outlives the helper there, and the
@@ -28,22 +29,15 @@ import psutil
 
 ORPHAN_EXIT = 70  # EX_SOFTWARE: not a failure of the job's own making
 CHECK_SECONDS = 1.0
-LAUNCHER_VARIABLE = "SHOAL_LAUNCHER_PID"
-"""Set by shoal's launcher for its workers: a worker started after its launcher died knows at once."""
 
 
-def under_shoal_launcher(environment: dict = os.environ) -> bool:
-    """Whether shoal's own launcher started this process, rather than torchrun, srun or mpirun (a variable
-    inherited from elsewhere names some other process than the parent)."""
-    return environment.get(LAUNCHER_VARIABLE) == str(os.getppid())
-
-
-def end_with_parent(interval: float = CHECK_SECONDS, environment: dict = os.environ) -> threading.Thread:
-    """Watch the current parent from a daemon thread; the thread."""
+def end_with_parent(interval: float = CHECK_SECONDS, launcher: int | None = None) -> threading.Thread:
+    """Watch the current parent from a daemon thread; the thread. `launcher`: the launcher this process ends
+    with, as its environment names it (shoal.cluster.environments: `launcher_pid`); one that is already gone
+    stops this process at once."""
     parent = os.getppid()
-    launcher = int(environment.get(LAUNCHER_VARIABLE, parent))
-    if launcher != parent and not psutil.pid_exists(launcher):
-        _stop(launcher)  # orphaned before it started (a live launcher that is not the parent: torchrun's worker)
+    if launcher is not None and launcher != parent and not psutil.pid_exists(launcher):
+        _stop(launcher)  # orphaned before it started
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -7,7 +7,7 @@ its rank, the worker count, the endpoint and the same run directory, so nothing 
 The job file, the data and shoal itself must be at the same paths on every host (a shared home,
 or the same image), as mpirun expects. Each host's output comes back prefixed by its name.
 
-The head makes up the job's secret (see shoal.cluster.rendezvous) and writes it as the first line
+The head makes up the job's secret (see shoal.cluster.node.rendezvous) and writes it as the first line
 of each node's input, which it keeps open anyway: it is never on a command line, where `ps` on
 either machine would show it.
 

@@ -10,6 +10,9 @@ polls, so a signal or a lost machine stops them within seconds.
 Nor does a TCPStore ask who connects, and it lists its keys to anyone: a job's own keys live under
 names that only its secret computes (`Sealed`: an HMAC of each name), so that a process without the
 secret can neither find nor set the keys the job acts on ("end", a failure flag, a decision).
+
+Every client of the job's store is built here (`serve`, `connect`, `client`); every key it holds is
+named in shoal.cluster.keys.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from shoal.cluster import keys
 from shoal.errors import WorkerError, first_line
 
 REQUEST_SECONDS = 5.0  # one store request; a cut link shows up within this
@@ -56,14 +60,18 @@ def serve(address: str, port: int = 0) -> dist.TCPStore:
     return store
 
 
+def client(address: str, port: int, seconds: float = REQUEST_SECONDS) -> dist.TCPStore:
+    """A plain client of the store at address:port whose requests wait at most `seconds` (torch's own)."""
+    return dist.TCPStore(address, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=seconds))
+
+
 def connect(address: str, port: int, deadline: float, what: str) -> Bounded:
     """A client of the store at address:port, tried until `deadline` (time.monotonic); `Sealed` around it
     for the job's own keys."""
     while True:
         try:  # a plain connect first: torch's own retries overrun the deadline and print stack traces
             socket.create_connection((address, port), timeout=REQUEST_SECONDS).close()
-            return Bounded(dist.TCPStore(address, port, is_master=False, wait_for_workers=False,
-                                         timeout=timedelta(seconds=REQUEST_SECONDS)))
+            return Bounded(client(address, port))
         except (OSError, RuntimeError, ValueError) as error:
             if time.monotonic() >= deadline:
                 raise StoreUnreachable(f"could not reach {what} at {address}:{port}: {first_line(error)}") from None
@@ -152,7 +160,7 @@ class Sealed:
 
 def group_store(store: dist.Store, secret: str) -> dist.Store:
     """The process group's own keys (torch names them itself) under a prefix only the secret computes."""
-    return dist.PrefixStore(secret_name(secret, "process group"), store)
+    return dist.PrefixStore(secret_name(secret, keys.PROCESS_GROUP), store)
 
 
 def worker_secret(environ=os.environ) -> str | None:
@@ -167,4 +175,10 @@ def wait_for(store: dist.Store, keys: list[str], deadline: float) -> list[str]:
         if not missing or time.monotonic() >= deadline:
             return missing
         time.sleep(POLL_SECONDS)
+
+
+def attempt_store(store: dist.Store, attempt: int) -> dist.Store:
+    """The keys of one attempt in a store kept across restarts (torchrun's): an earlier attempt's beats,
+    verdict or process group must not speak for this one. Attempt 0 uses the store as it is."""
+    return dist.PrefixStore(keys.attempt_prefix(attempt), store) if attempt else store
 

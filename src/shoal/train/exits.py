@@ -19,10 +19,12 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from shoal.cluster.heartbeat import attempt_store, beat_key, job_store, silence, verdict
-from shoal.cluster.orphan import under_shoal_launcher
+from shoal.cluster import keys
+from shoal.cluster.environments import named
+from shoal.cluster.heartbeat import job_store, silence, verdict
 from shoal.cluster.signals import call_on_stop
-from shoal.cluster.store import STORE_ERRORS, Bounded
+from shoal.cluster.store import STORE_ERRORS, Bounded, attempt_store
+from shoal.cluster.verdict import Account, Kind, root_cause
 from shoal.errors import lost_peer
 from shoal.events import JobEnd, JobRestarted, WorkerFailed, append_event, read_history
 from shoal.train.checkpoint import newest_epoch
@@ -64,21 +66,20 @@ class ExitBook:
 
     def __init__(self, store: dist.Store, attempt: int, world_size: int):
         """`store`: torch's; every request is bounded here (over a cut link one would never return)."""
-        self.raw, self.world_size = store, world_size
+        self.raw, self.world_size, self.attempt = store, world_size, attempt
         self.store = Bounded(store)
         self.liveness = Bounded(attempt_store(store, attempt))  # the attempt's heartbeats and verdict
-        self.prefix = f"shoal/exit/{attempt}"
 
     def write(self, leaving: Exit) -> None:
         try:
-            self.store.set(f"{self.prefix}/{leaving.rank}", json.dumps(asdict(leaving)))
+            self.store.set(keys.exit_of(self.attempt, leaving.rank), json.dumps(asdict(leaving)))
         except STORE_ERRORS:  # the store is gone with the launcher: nobody is left to read it anyway
             pass
 
     def read(self) -> dict[int, Exit]:
-        keys = [f"{self.prefix}/{rank}" for rank in range(self.world_size)]
+        names = [keys.exit_of(self.attempt, rank) for rank in range(self.world_size)]
         try:
-            present = [key for key in keys if self.store.check([key])]
+            present = [key for key in names if self.store.check([key])]
             return {leaving.rank: leaving for leaving in
                     (Exit(**json.loads(value)) for value in (self.store.multi_get(present) if present else []))}
         except STORE_ERRORS:
@@ -87,7 +88,7 @@ class ExitBook:
     def claim(self) -> bool:
         """Whether this caller records the attempt's outcome: the first to ask does, once."""
         try:
-            return self.store.add(f"{self.prefix}/recorded", 1) == 1
+            return self.store.add(keys.exit_of(self.attempt, "recorded"), 1) == 1
         except STORE_ERRORS:  # the store went with the launcher's round: better twice than never
             return True
 
@@ -105,8 +106,8 @@ class ExitBook:
     def host_of(self, rank: int) -> str | None:
         """Where `rank` ran, from its heartbeat."""
         try:
-            found = self.liveness.check([beat_key(rank)])
-            return json.loads(self.liveness.get(beat_key(rank)))["host"] if found else None
+            found = self.liveness.check([keys.beat(rank)])
+            return json.loads(self.liveness.get(keys.beat(rank)))["host"] if found else None
         except (*STORE_ERRORS, KeyError, json.JSONDecodeError):
             return None
 
@@ -114,24 +115,24 @@ class ExitBook:
 def cause(book: ExitBook, exits: dict[int, Exit]) -> WorkerFailed | None:
     """The failure to blame, or None when every worker was stopped from outside (an interrupt).
 
-    In order: a worker's own error, the worker found silent after a timeout, a worker that left no
-    word (killed outright), a worker's error that only followed a peer's loss."""
-    own = sorted((leaving for leaving in exits.values() if leaving.own_error), key=lambda leaving: leaving.rank)
-    if own:
-        return WorkerFailed(rank=own[0].rank, host=own[0].host, message=own[0].message)
+    By shoal.cluster.verdict's order: the worker found silent after a timeout, a worker's own error, a
+    worker that left no word (killed outright), a worker's error that only followed a peer's loss."""
     try:
         silent = verdict(book.liveness)
     except STORE_ERRORS:
         silent = None
-    if silent is not None:
-        return WorkerFailed(rank=silent["rank"], host=silent["host"], message=silence(silent))
+    found = [] if silent is None else [Account(Kind.SILENT, silent["rank"], silent["host"], silence(silent))]
+    for leaving in sorted(exits.values(), key=lambda leaving: leaving.rank):
+        if leaving.message:  # a worker with only a signal was stopped from outside: no account
+            kind = Kind.RAISED if leaving.own_error else Kind.FOLLOWED
+            found.append(Account(kind, leaving.rank, leaving.host, leaving.message))
     gone = [rank for rank in range(book.world_size) if rank not in exits]
-    if gone:
-        return WorkerFailed(rank=gone[0], host=book.host_of(gone[0]), message=WITHOUT_A_WORD)
-    followed = sorted((leaving for leaving in exits.values() if leaving.message), key=lambda leaving: leaving.rank)
-    if followed:
-        return WorkerFailed(rank=followed[0].rank, host=followed[0].host, message=followed[0].message)
-    return None
+    found += [Account(Kind.KILLED, rank, message=WITHOUT_A_WORD) for rank in gone]
+    blamed = root_cause(found)
+    if blamed is None:
+        return None
+    host = book.host_of(blamed.rank) if blamed.kind is Kind.KILLED else blamed.host  # asked only when needed
+    return WorkerFailed(rank=blamed.rank, host=host, message=blamed.message)
 
 
 def record_outcome(run_dir: Path, book: ExitBook, exits: dict[int, Exit], *, restarts_left: int, launcher: str,
@@ -224,7 +225,7 @@ class Recorder:
 def outside_recorder(info) -> Recorder | None:
     """This worker's recorder under torchrun, srun or mpirun; None alone or under shoal's launcher (which
     records failures itself). From here on, a stop signal is recorded the moment it arrives."""
-    if info.launcher is None or under_shoal_launcher():
+    if info.launcher is None or named(info.launcher).records_failures:
         return None
     recorder = Recorder(job_store(info), info)
     call_on_stop(lambda number: recorder.stopped(number.name))

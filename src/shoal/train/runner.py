@@ -18,8 +18,8 @@ import torch
 from shoal.algorithms import Role, ServerAlgorithm, make_algorithm, role, trainer_ranks
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import DistInfo, choose_device
+from shoal.cluster.environments import named
 from shoal.cluster.heartbeat import Heartbeat, liveness_store, silence
-from shoal.cluster.orphan import under_shoal_launcher
 from shoal.cluster.requeue import EpochEndStop, StopRequested
 from shoal.config import JobConfig
 from shoal.data.loader import ShardLoader
@@ -95,8 +95,8 @@ class Runner:
         job, info = self.job, self.info
         self.device = choose_device(job.cluster.device, info)
         self.comm = self.comm or Communicator(info.rank, info.world_size, device=self.device)
-        # shoal's launcher checked its memory first
-        self.prepared = prepare(job, memory_checked=under_shoal_launcher(), run_dir=self.run_dir)
+        # a launcher that checked its memory first (shoal's)
+        self.prepared = prepare(job, memory_checked=named(info.launcher).checks_memory, run_dir=self.run_dir)
         seed_everything(job.train.seed)  # identical initial weights on every rank
         self.model = allocate_model(self.prepared.spec, self.run_dir).to(self.device)
         self.optimizer = make_optimizer(job.train.optimizer, self.model.parameters())

@@ -3,8 +3,8 @@
 bfloat16 holds integers exactly only up to 256 and float16 up to 2048: a header stored in the
 model's dtype turned version 1_000_003 into 999_424. The header is int64 beside the payload, in
 one buffer of bytes: checked here on the message itself, through the in-process communicator,
-through gloo between two processes, and through a Downpour and an EASGD server with a bfloat16
-model resumed at a large version.
+and through a Downpour and an EASGD server with a bfloat16 model resumed at a large version.
+(Through gloo between two processes: tests/distributed/test_server_header.py.)
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ from torch.nn import functional
 
 from shoal.algorithms import make_algorithm
 from shoal.cluster import messages
-from shoal.cluster.collectives import Communicator
 from shoal.cluster.fake import run_ranks
 from shoal.cluster.messages import Message
 from tests.distributed.common import CLASSES, FEATURES, small_model
-from tests.distributed.harness import run_processes
 
 VERSION, ROWS = 1_000_003, 70_001
 HALF_TYPES = [torch.bfloat16, torch.float16]
@@ -65,28 +63,6 @@ def test_header_crosses_the_in_process_communicator(dtype):
     (source, version, rows, payload), _ = run_ranks(2, rank)
     assert (source, version, rows) == (1, VERSION, ROWS)
     assert torch.equal(payload, filled(dtype).payload)
-
-
-def gloo_exchange(rank: int, world_size: int, dtype: torch.dtype):
-    """Rank 1 sends an update, rank 0 answers with a reply one version on."""
-    comm = Communicator(rank, world_size)
-    message = Message(7, dtype)
-    if rank == 1:
-        comm.send(filled(dtype).buffer, 0, messages.UPDATE)
-        comm.receive(message.buffer, 0, messages.REPLY)
-        return message.version, message.rows, message.payload.float()
-    source = comm.receive(message.buffer, None, messages.UPDATE)
-    message.version += 1
-    comm.send(message.buffer, source, messages.REPLY)
-    return message.version, message.rows, message.payload.float()
-
-
-@pytest.mark.parametrize("dtype", HALF_TYPES)
-def test_header_crosses_gloo(dtype):
-    server, trainer = run_processes(gloo_exchange, 2, dtype, timeout=60.0)
-    expected = filled(dtype).payload.float()
-    assert server[:2] == (VERSION + 1, ROWS) and trainer[:2] == (VERSION + 1, ROWS)
-    assert torch.equal(server[2], expected) and torch.equal(trainer[2], expected)
 
 
 def resumed_rank(comm, name: str, options: dict, rounds: int) -> dict:

@@ -15,6 +15,7 @@ import shoal.cluster.env
 from shoal.cluster import env
 from shoal.cluster.env import DistInfo, choose_device, cores, get_dist_info, init_process_group, threads_per_worker
 from shoal.cluster.environments import ENVIRONMENTS
+from shoal.cluster.environments.shoal_launcher import LAUNCHER_VARIABLE
 from shoal.cluster.interface import SOCKET_VARIABLES
 from shoal.errors import ShoalError
 from tests.distributed.harness import free_port
@@ -24,7 +25,7 @@ LAUNCHER_VARIABLES = [name for environment in ENVIRONMENTS for name in
     "MASTER_ADDR", "MASTER_PORT", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
     "SLURM_NODEID", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID",
     "SLURM_GPUS_PER_TASK", "SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-    "TORCHELASTIC_USE_AGENT_STORE"]
+    "TORCHELASTIC_USE_AGENT_STORE", LAUNCHER_VARIABLE]
 
 
 @pytest.fixture(autouse=True)

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shoal.cluster import forkserver, launch
-from shoal.cluster.orphan import LAUNCHER_VARIABLE
+from shoal.cluster.environments.shoal_launcher import LAUNCHER_VARIABLE
+from shoal.cluster.node import forkserver, launch
 
 ROOT = Path(__file__).resolve().parents[3]
 PYTHONPATH = f"{ROOT}{os.pathsep}{ROOT / 'src'}"  # the server imports tests.support
@@ -140,7 +140,7 @@ def test_the_server_ends_with_its_launcher_and_its_workers_as_orphans(tmp_path, 
 # a launcher: starts a server, one worker that sleeps behind its stand-in, and says their pids
 LAUNCHER = """
 import os, subprocess, sys
-from shoal.cluster import forkserver, launch
+from shoal.cluster.node import forkserver, launch
 server = forkserver.start(sys.argv[1])
 print(server.process.pid, server.folder, flush=True)
 os.environ["SHOAL_LAUNCHER_PID"] = str(os.getpid())
@@ -192,10 +192,9 @@ def test_an_uncaught_error_ends_the_worker_as_the_interpreter_would(server, tmp_
 
 
 def test_the_launchers_stop_leaves_the_server_alone(server, tmp_path, monkeypatch):
-    """shoal.cluster.launch.stop_workers signals the launcher's children that run the worker module: the
+    """shoal.cluster.node.launch.stop_workers signals the launcher's children that run the worker module: the
     stand-ins, whose workers get the signal, and not the server, whose command line names the module too."""
     monkeypatch.setattr(launch, "WORKER_MODULE", MODULE)
-    monkeypatch.setattr(forkserver, "_running", server)
     process = stand_in(server, "term", folder=tmp_path)
     reported(process)
     assert launch.stop_workers(signal.SIGTERM) == 1
@@ -206,7 +205,9 @@ def test_no_server_where_the_temporary_folder_is_too_deep_for_a_socket(tmp_path,
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
     monkeypatch.setattr(tempfile, "tempdir", str(deep))
-    assert forkserver.start(MODULE) is None and forkserver.running() is None
+    assert forkserver.start(MODULE) is None
+    with forkserver.serving(MODULE) as server:
+        assert server is None
     assert list(deep.iterdir()) == []
 
 

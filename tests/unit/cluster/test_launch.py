@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ErrorHandler, ProcessFailure
 
-from shoal.cluster.launch import describe_failure
-from shoal.cluster.rendezvous import DEFAULT_PORT, Nodes
+from shoal.cluster.node.launch import describe_failure
+from shoal.cluster.node.rendezvous import DEFAULT_PORT, Nodes
 from shoal.cluster.signals import Interrupted
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError
 from shoal.events import WorkerFailed
@@ -274,7 +274,7 @@ def test_one_raised_worker_among_sigtermed_ones_is_not_a_consequence(failures):
 
 
 def test_a_restart_is_told_in_one_line_with_where_it_goes_on_from():
-    from shoal.cluster.launch import restart_line
+    from shoal.cluster.node.launch import restart_line
     from shoal.events import JobRestarted
 
     failure = "worker rank 1 on node-a failed: killed by SIGKILL"

@@ -10,9 +10,13 @@ import sys
 import psutil
 import pytest
 
-from shoal.cluster.orphan import LAUNCHER_VARIABLE, ORPHAN_EXIT, under_shoal_launcher
+from shoal.cluster.environments import ShoalLauncher
+from shoal.cluster.environments.shoal_launcher import LAUNCHER_VARIABLE
+from shoal.cluster.orphan import ORPHAN_EXIT
 
-CHILD = ("import sys, time; from shoal.cluster.orphan import end_with_parent; end_with_parent(0.1); "
+CHILD = ("import os, sys, time; from shoal.cluster.environments import detect; "
+         "from shoal.cluster.orphan import end_with_parent; launcher = detect(os.environ); "
+         "end_with_parent(0.1, launcher=launcher.launcher_pid() if launcher else None); "
          "print('watching', flush=True); time.sleep(60)")
 PARENT = ("import os, subprocess, sys; os.environ['SHOAL_LAUNCHER_PID'] = str(os.getpid()); "
           "child = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdout=subprocess.PIPE, text=True); "
@@ -68,4 +72,4 @@ def test_a_process_whose_parent_lives_keeps_running(project_env, launcher):
 def test_only_the_parent_named_in_the_variable_is_shoals_launcher(value, expected):
     """A variable inherited from elsewhere (a caller that ran shoal.fit, then torchrun) is not shoal's launcher."""
     environment = {} if value is None else {LAUNCHER_VARIABLE: str(os.getppid()) if value == "parent" else value}
-    assert under_shoal_launcher(environment) is expected
+    assert ShoalLauncher.detect(environment) is expected

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch.distributed as dist
 
-from shoal.cluster.rendezvous import Decision, Meeting, Nodes, Report, read_secret
+from shoal.cluster.node.rendezvous import Decision, Meeting, Nodes, Report, read_secret
 from shoal.errors import ConfigError, WorkerError
 
 HOST = socket.gethostname()
@@ -226,7 +226,7 @@ def test_an_endpoint_named_localhost_keeps_both_stores_on_loopback(meet, pool):
 def test_only_this_machines_own_name_opens_a_loopback_endpoint_to_the_network(monkeypatch):
     """localhost stays on loopback; the machine's own name, mapped to 127.0.1.1 as on a stock Debian box, is
     how the other machines reach it, so its stores listen on every address."""
-    from shoal.cluster import rendezvous
+    from shoal.cluster.node import rendezvous
     monkeypatch.setattr(rendezvous, "resolve", lambda host: "127.0.1.1" if host.startswith("node0") else "127.0.0.1")
     monkeypatch.setattr(rendezvous.socket, "gethostname", lambda: "node0")
     monkeypatch.setattr(rendezvous.socket, "getfqdn", lambda: "node0.rack.example")

@@ -6,8 +6,10 @@ it must give up (or see the keys) by its deadline instead of blocking inside tor
 
 from __future__ import annotations
 
+import re
 import socket
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -60,3 +62,17 @@ def test_waiting_for_missing_keys_returns_them_after_the_deadline(server):
 def test_waiting_for_keys_that_exist_returns_nothing(server):
     server.set("present", "1")
     assert wait_for(server, ["present"], time.monotonic() + 5) == []
+
+
+def test_only_the_store_module_builds_clients_and_only_the_keys_module_spells_keys():
+    """One place builds the job's store clients (the network probe's store is its own) and one names its keys."""
+    source = Path(__file__).resolve().parents[3] / "src" / "shoal"
+    builders, spellers = set(), set()
+    for path in source.rglob("*.py"):
+        text, name = path.read_text(), path.relative_to(source).as_posix()
+        if "TCPStore(" in text:
+            builders.add(name)
+        if re.search(r"""f?["'](shoal/|attempt/|node/|left/)""", text):
+            spellers.add(name)
+    assert builders == {"cluster/store.py", "plan/network_probe.py"}
+    assert spellers == {"cluster/keys.py"}

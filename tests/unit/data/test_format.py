@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -320,12 +318,3 @@ def test_column_values_reads_numbers_from_the_buffer_and_the_rest_through_arrow(
         values = column_values(column)
         assert values.dtype == expected.dtype
         np.testing.assert_array_equal(values, expected)
-
-
-def test_reading_numeric_labels_does_not_import_pandas(tmp_path):
-    # pyarrow's to_numpy imports pandas whenever it is installed: seconds and memory in every worker
-    with DatasetWriter(str(tmp_path / "set"), (2,), "float32") as writer:
-        writer.write(np.ones((10, 2), dtype=np.float32), np.arange(10) % 2)
-    code = (f"import sys; from shoal.data.format import open_dataset; open_dataset({str(tmp_path / 'set')!r})"
-            ".read_all(); print('pandas' in sys.modules)")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

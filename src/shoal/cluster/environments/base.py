@@ -19,10 +19,22 @@ class Place:
 
 
 class Environment:
-    """One launcher's variables; subclasses name them."""
+    """One launcher's variables; subclasses name them. What differs between launchers beyond numbering is
+    stated here as capabilities, so no module asks which launcher it runs under; `shoal.cluster.environments
+    .named(DistInfo.launcher)` gives the class of the one detected."""
 
     name = "?"
     RANK = SIZE = LOCAL_RANK = LOCAL_SIZE = ""
+    records_failures = False
+    """The launcher finds a failed attempt's root cause and records it; otherwise the workers record their own
+    exits (shoal.train.exits)."""
+    keeps_store_across_restarts = False
+    """The launcher's store outlives a restart of the workers (torchrun's agents): they count the attempts in it
+    and key each apart (shoal.cluster.env.agree_attempt). Otherwise each attempt meets at a fresh store."""
+    checks_memory = False
+    """The launcher checked that the model fits this machine's memory before any worker started."""
+    holds_run_dir = False
+    """The launcher holds the run directory's lock for the job; otherwise rank 0 does."""
 
     def __init__(self, environ: Mapping[str, str]):
         self.environ = environ
@@ -61,6 +73,16 @@ class Environment:
     def requeue_count(self) -> int:
         """How many times the scheduler requeued the whole job (SLURM's --requeue): a fresh start that resumes."""
         return 0
+
+    def launcher_pid(self) -> int | None:
+        """The launcher whose end ends this process, where the launcher names it; None: the parent, whoever it
+        is (shoal.cluster.orphan.end_with_parent)."""
+        return None
+
+    def worker_ends_with_server(self) -> bool:
+        """Whether a worker that shoal's fork server forks in this process's place must end with the server
+        (its parent, which ends with the launcher) rather than with the launcher named here."""
+        return False
 
     def gpu_per_process(self) -> bool:
         """Whether the launcher shows each process only its own GPU (then it is cuda:0 to every one)."""

@@ -15,8 +15,9 @@ import time
 
 import torch.distributed as dist
 
-from shoal.cluster.launch import SHUTDOWN_SECONDS, stop_workers
-from shoal.cluster.rendezvous import Meeting
+from shoal.cluster import keys
+from shoal.cluster.node.launch import SHUTDOWN_SECONDS, stop_workers
+from shoal.cluster.node.rendezvous import Meeting
 from shoal.cluster.store import STORE_ERRORS
 from shoal.errors import first_line
 
@@ -29,7 +30,7 @@ class AttemptWatch:
 
     def __init__(self, meeting: Meeting, attempt: int, interval: float = WATCH_SECONDS):
         self.meeting, self.interval = meeting, interval
-        self.keys = [f"attempt/{attempt}/failed", "end"]
+        self.keys = [keys.attempt(attempt, "failed"), keys.END]
         self.stopped = False  # it stopped the workers: their failure is a consequence
         self.lost: str | None = None  # why the job's store could no longer be reached
         self._done = threading.Event()

@@ -15,9 +15,7 @@ a random one on a single machine, `--rdzv-id` or `--secret-file` across machines
 `--hosts` head hands its nodes on their input. Node 0's store listens on loopback when the endpoint
 is a loopback address.
 
-Keys: `run_id`, `node/next` (arrival order), `node/K/{claim,host,workers}`,
-`attempt/N/{port,joined/K,report/K,failed,decision}`, `end` (the job was stopped or failed outside
-an attempt; every node leaves) and `left/K` (a follower is done: the leader may close the store).
+Its keys are named in shoal.cluster.keys.
 """
 
 from __future__ import annotations
@@ -39,6 +37,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
+from shoal.cluster import keys
 from shoal.cluster import store as stores
 from shoal.cluster.interface import local_addresses
 from shoal.config import DEFAULT_PORT
@@ -46,7 +45,7 @@ from shoal.errors import ConfigError, WorkerError, first_line
 from shoal.events import WorkerFailed
 
 REPORT_SECONDS = 8.0  # how long the leader waits for every node's account of a failure
-PUBLIC_KEY = "shoal"  # the one key outside the secret's names: a shoal job holds this store
+PUBLIC_KEY = keys.PUBLIC  # the one key outside the secret's names: a shoal job holds this store
 
 
 @dataclass
@@ -162,7 +161,7 @@ class Meeting:
             try:
                 server = stores.Bounded(stores.serve(bind, self.port))
                 store = stores.Sealed(server, self.secret)
-                store.set("run_id", nodes.run_id or "shoal")
+                store.set(keys.RUN_ID, nodes.run_id or "shoal")
                 server.set(PUBLIC_KEY, "1")
                 return store, 0, bind, server.port  # the port picked when asked for any
             except (OSError, RuntimeError) as error:
@@ -177,13 +176,13 @@ class Meeting:
         store = stores.Sealed(server, self.secret)
         if stores.wait_for(server, [PUBLIC_KEY], deadline):
             raise WorkerError(f"{host}:{self.port} answers but holds no shoal job")
-        if not store.check(["run_id"]):  # set before the public key: this job's secret is not ours
+        if not store.check([keys.RUN_ID]):  # set before the public key: this job's secret is not ours
             raise ConfigError(f"--rdzv-id: {host}:{self.port} holds a shoal job with another --rdzv-id "
                               "(or --secret-file)")
-        run_id = store.get("run_id").decode()
+        run_id = store.get(keys.RUN_ID).decode()
         if run_id != (nodes.run_id or "shoal"):
             raise ConfigError(f"--rdzv-id: {host}:{self.port} holds job {run_id!r}, not {nodes.run_id or 'shoal'!r}")
-        rank = nodes.rank if nodes.rank is not None else store.add("node/next", 1)
+        rank = nodes.rank if nodes.rank is not None else store.add(keys.NEXT_NODE, 1)
         if rank >= self.count:
             raise ConfigError(f"--nnodes: {host}:{self.port} already has its {self.count} machines")
         return store, rank, None, self.port
@@ -191,23 +190,24 @@ class Meeting:
     def _introduce(self) -> list[str]:
         """Claim the node rank and learn every node's host."""
         claim = f"{self.host} (pid {os.getpid()}, {uuid.uuid4().hex[:8]})"
-        if self.store.compare_set(f"node/{self.node_rank}/claim", "", claim).decode() != claim:
-            taken = self.store.get(f"node/{self.node_rank}/claim").decode()
+        if self.store.compare_set(keys.node(self.node_rank, "claim"), "", claim).decode() != claim:
+            taken = self.store.get(keys.node(self.node_rank, "claim")).decode()
             raise ConfigError(f"--node-rank: node {self.node_rank} is already taken by {taken}; give every machine "
                               "its own rank, or none to any")
-        self.store.set(f"node/{self.node_rank}/workers", str(self.workers))  # before the host: read with it
-        self.store.set(f"node/{self.node_rank}/host", self.host)
-        keys = [f"node/{rank}/host" for rank in range(self.count)]
-        missing = self._wait(keys, time.monotonic() + self.timeout)
+        self.store.set(keys.node(self.node_rank, "workers"), str(self.workers))  # before the host: read with it
+        self.store.set(keys.node(self.node_rank, "host"), self.host)
+        names = [keys.node(rank, "host") for rank in range(self.count)]
+        missing = self._wait(names, time.monotonic() + self.timeout)
         if missing:
-            absent = ", ".join(key.split("/")[1] for key in missing)
+            absent = ", ".join(str(names.index(key)) for key in missing)
             raise WorkerError(f"{self.host}: {self.count - len(missing)} of {self.count} machines joined "
                               f"{self.endpoint_host}:{self.port} within {self.timeout:g} s (missing node {absent})")
-        return [value.decode() for value in self.store.multi_get(keys)]
+        return [value.decode() for value in self.store.multi_get(names)]
 
     def check_workers(self) -> None:
         """torch numbers every node's workers alike: nodes with different --workers would wait for ever."""
-        counts = [int(value) for value in self.store.multi_get([f"node/{rank}/workers" for rank in range(self.count)])]
+        names = [keys.node(rank, "workers") for rank in range(self.count)]
+        counts = [int(value) for value in self.store.multi_get(names)]
         if len(set(counts)) > 1:
             told = ", ".join(f"node {rank} ({host}) {count}" for rank, (host, count) in
                              enumerate(zip(self.hosts, counts)))
@@ -217,45 +217,45 @@ class Meeting:
 
     def begin(self, attempt: int) -> tuple[str, int]:
         """Every node joins attempt `attempt`; returns (address, port) of its workers' store."""
-        prefix, self.attempt = f"attempt/{attempt}", attempt
+        self.attempt = attempt
         if self.leader:
             self.worker_store = None  # the last attempt's store closes
             server = stores.serve(self.bind)
             self.worker_store = stores.Sealed(server, self.secret)
-            self.store.set(f"{prefix}/port", str(server.port))
-        self.store.set(f"{prefix}/joined/{self.node_rank}", "1")
-        missing = self._wait([f"{prefix}/port"] + [f"{prefix}/joined/{rank}" for rank in range(self.count)],
-                             time.monotonic() + self.timeout)
+            self.store.set(keys.attempt(attempt, "port"), str(server.port))
+        self.store.set(keys.joined(attempt, self.node_rank), "1")
+        joined = [keys.joined(attempt, rank) for rank in range(self.count)]
+        missing = self._wait([keys.attempt(attempt, "port"), *joined], time.monotonic() + self.timeout)
         if missing:
-            gone = [int(key.rsplit("/", 1)[1]) for key in missing if "/joined/" in key]
+            gone = [keys.node_of(key) for key in missing if key in joined]
             self.gone.update(gone)
             names = ", ".join(f"{self.hosts[rank]} (node {rank})" for rank in gone) or self.hosts[0]
             raise WorkerError(f"{names} did not come back within {self.timeout:g} s (cluster.timeout)")
-        port = int(self.store.get(f"{prefix}/port"))
+        port = int(self.store.get(keys.attempt(attempt, "port")))
         address = "127.0.0.1" if self.nodes.endpoint is None else self.endpoint_host
         return address, port
 
     def report(self, attempt: int, report: Report) -> None:
-        self.store.set(f"attempt/{attempt}/report/{self.node_rank}", json.dumps(asdict(report)))
+        self.store.set(keys.report(attempt, self.node_rank), json.dumps(asdict(report)))
         if not report.succeeded:
-            self.store.compare_set(f"attempt/{attempt}/failed", "", str(self.node_rank))
+            self.store.compare_set(keys.attempt(attempt, "failed"), "", str(self.node_rank))
 
     def reports(self, attempt: int, seconds: float = REPORT_SECONDS) -> tuple[list[Report], list[int]]:
         """(the reports of attempt `attempt`, the nodes that sent none within `seconds`)."""
-        keys = [f"attempt/{attempt}/report/{rank}" for rank in range(self.count)]
-        missing = self._wait(keys, time.monotonic() + seconds, watch_end=False)
-        sent = [key for key in keys if key not in missing]
+        names = [keys.report(attempt, rank) for rank in range(self.count)]
+        missing = self._wait(names, time.monotonic() + seconds, watch_end=False)
+        sent = [key for key in names if key not in missing]
         reports = [Report(**json.loads(value)) for value in self.store.multi_get(sent)] if sent else []
-        absent = [int(key.rsplit("/", 1)[1]) for key in missing]
+        absent = [keys.node_of(key) for key in missing]
         self.gone.update(absent)
         return reports, absent
 
     def decide(self, attempt: int, decision: Decision) -> None:
-        self.store.set(f"attempt/{attempt}/decision", json.dumps(asdict(decision)))
+        self.store.set(keys.attempt(attempt, "decision"), json.dumps(asdict(decision)))
 
     def decision(self, attempt: int) -> Decision:
         """The leader's decision on a failed attempt (a follower waits for it)."""
-        key = f"attempt/{attempt}/decision"
+        key = keys.attempt(attempt, "decision")
         if self._wait([key], time.monotonic() + 2 * REPORT_SECONDS + stores.REQUEST_SECONDS):
             raise WorkerError(f"{self.hosts[0]} (node 0) decided nothing after the failure")
         return Decision(**json.loads(self.store.get(key)))
@@ -265,27 +265,27 @@ class Meeting:
     def end(self, message: str) -> None:
         """Every node leaves (a stop, or a failure outside an attempt); best effort."""
         with contextlib.suppress(*stores.STORE_ERRORS):  # the store already gone or out of reach
-            self.store.compare_set("end", "", message)
+            self.store.compare_set(keys.END, "", message)
 
     def leave(self) -> None:
         """A follower is done with the job's store: the leader may close it (best effort)."""
         with contextlib.suppress(*stores.STORE_ERRORS):
-            self.store.set(f"left/{self.node_rank}", "1")
+            self.store.set(keys.left(self.node_rank), "1")
 
     def linger(self, seconds: float = REPORT_SECONDS) -> None:
         """The leader keeps the store up until every follower still there has read the decision or the end."""
         with contextlib.suppress(*stores.STORE_ERRORS):
             there = [rank for rank in range(1, self.count) if rank not in self.gone and
-                     (self.attempt < 0 or self.store.check([f"attempt/{self.attempt}/joined/{rank}"]))]
-            self._wait([f"left/{rank}" for rank in there], time.monotonic() + seconds, watch_end=False)
+                     (self.attempt < 0 or self.store.check([keys.joined(self.attempt, rank)]))]
+            self._wait([keys.left(rank) for rank in there], time.monotonic() + seconds, watch_end=False)
 
     def ended(self) -> str | None:
-        return self.store.get("end").decode() if self.store.check(["end"]) else None
+        return self.store.get(keys.END).decode() if self.store.check([keys.END]) else None
 
-    def _wait(self, keys: list[str], deadline: float, watch_end: bool = True) -> list[str]:
-        """Wait for `keys`; an `end` set meanwhile by any node raises it here."""
+    def _wait(self, names: list[str], deadline: float, watch_end: bool = True) -> list[str]:
+        """Wait for the keys `names`; an `end` set meanwhile by any node raises it here."""
         while True:
-            missing = stores.wait_for(self.store, keys, min(deadline, time.monotonic() + 1.0))
+            missing = stores.wait_for(self.store, names, min(deadline, time.monotonic() + 1.0))
             if not missing or time.monotonic() >= deadline:
                 return missing
             ended = self.ended() if watch_end else None
@@ -327,7 +327,7 @@ class AttemptRendezvous(RendezvousHandler):
     """torch's agent's view of one attempt: everything was agreed beforehand, so nothing waits here."""
 
     def __init__(self, meeting: Meeting, attempt: int, address: str, port: int):
-        self.store = dist.HashStore()  # torch's agent asks none of it: see shoal.cluster.launch.NodeAgent
+        self.store = dist.HashStore()  # torch's agent asks none of it: see shoal.cluster.node.launch.NodeAgent
         self.rank, self.count = meeting.node_rank, meeting.count
         self.address, self.port = address, port
 

@@ -5,7 +5,7 @@ for its agent before it can start any: a job's first step waited for both, one a
 every restart paid the workers' part again. `shoal train` starts a fork server first thing; it imports
 the worker module while the launcher imports torch (on another core where there is one), and each
 worker is then forked from it, already imported. torch's agent still starts and watches one process
-per worker, a light stand-in (shoal.cluster.standin) that has the server fork its worker.
+per worker, a light stand-in (shoal.cluster.node.standin) that has the server fork its worker.
 
 A forked worker takes its stand-in's arguments, folder, environment, import path, standard streams
 and ignored signals. What a library reads from the environment as it loads (torch's, OpenMP's) was
@@ -36,14 +36,15 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from typing import NoReturn
 
 from shoal.cluster import scratch
-from shoal.cluster.orphan import LAUNCHER_VARIABLE
+from shoal.cluster.environments import ShoalLauncher
 from shoal.process import end_process, flush_output
 
-MODULE = "shoal.cluster.forkserver"
-STAND_IN = "shoal.cluster.standin"
+MODULE = "shoal.cluster.node.forkserver"
+STAND_IN = "shoal.cluster.node.standin"
 WORKER_MODULE = "shoal.worker"  # what shoal's launcher starts (a string: the module is imported by the server only)
 BACKLOG = 256  # stand-ins waiting while the server imports: a machine's workers, and more
 REQUEST_SECONDS = 10.0  # a stand-in sends its request at once; one that stalls is dropped
@@ -54,8 +55,6 @@ NUMBER = struct.Struct("!q")  # a length, a pid or an exit status (negative: the
 STREAMS = (0, 1, 2)
 STOP = b"s"  # the launcher's word on the control pipe: done, end any worker left (bare EOF: the launcher is gone)
 READY = b"r"  # the server's word: imported, forking
-
-_running: ForkServer | None = None
 
 
 class ForkServer:
@@ -124,24 +123,23 @@ class ForkServer:
 
 
 def start(module: str = WORKER_MODULE) -> ForkServer | None:
-    """Start this process's fork server for `module` (one at a time); None where it cannot (a temporary
-    folder whose path is too long for a socket), and the workers start on their own."""
-    global _running
-    stop()
+    """Start a fork server of this process for `module`; None where it cannot (a temporary folder whose path
+    is too long for a socket), and the workers start on their own. The caller closes it."""
     with contextlib.suppress(OSError):
-        _running = ForkServer(module)
-    return _running
+        return ForkServer(module)
+    return None
 
 
-def running() -> ForkServer | None:
-    return _running
-
-
-def stop() -> None:
-    global _running
-    if _running is not None:
-        _running.close()
-        _running = None
+@contextlib.contextmanager
+def serving(module: str = WORKER_MODULE, wanted: bool = True) -> Iterator[ForkServer | None]:
+    """A fork server (or None: not `wanted`, or it could not start) for as long as the block runs, closed
+    however the block ends. It is handed down to each launch, never found through a global."""
+    server = start(module) if wanted else None
+    try:
+        yield server
+    finally:
+        if server is not None:
+            server.close()
 
 
 # --- the server --------------------------------------------------------------------------------------
@@ -363,7 +361,7 @@ def _take_over(request: dict, server: int) -> None:
     os.environ.clear()
     os.environ.update(request["environment"])
     if request["under_launcher"]:  # the server, its parent, ends with the launcher (pid taken before the fork)
-        os.environ[LAUNCHER_VARIABLE] = str(server)
+        os.environ.update(ShoalLauncher.variables(server))
     sys.path[:] = request["path"]
     for number in FORWARDED:
         default = signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL

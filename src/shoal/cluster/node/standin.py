@@ -1,7 +1,7 @@
 """One worker's stand-in: the process torch's agent starts and watches in the worker's place.
 
-`python -m shoal.cluster.standin SOCKET MODULE ARGUMENTS...` imports nothing heavy. It asks the fork
-server at SOCKET (shoal.cluster.forkserver) for a worker running MODULE with its arguments, folder,
+`python -m shoal.cluster.node.standin SOCKET MODULE ARGUMENTS...` imports nothing heavy. It asks the fork
+server at SOCKET (shoal.cluster.node.forkserver) for a worker running MODULE with its arguments, folder,
 environment and standard streams; passes on to the worker's process group the signals it is sent
 (torch's agent signals its workers' groups); and ends as the worker ended, with the same exit status
 or killed by the same signal, so the agent sees the worker's own end. Where the server cannot be
@@ -16,8 +16,9 @@ import signal
 import socket
 import sys
 
-from shoal.cluster.forkserver import FORWARDED, exit_as, receive_number, run_as_main, send_request, signal_worker
-from shoal.cluster.orphan import ORPHAN_EXIT, under_shoal_launcher
+from shoal.cluster.environments import detect
+from shoal.cluster.node.forkserver import FORWARDED, exit_as, receive_number, run_as_main, send_request, signal_worker
+from shoal.cluster.orphan import ORPHAN_EXIT
 
 ORPHAN_SECONDS = 5.0  # a worker whose server ended stops within a second or so (shoal.cluster.orphan)
 
@@ -27,7 +28,8 @@ def stand_in(path: str, module: str, arguments: list[str]) -> int:
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.connect(path)
-        send_request(connection, arguments, under_shoal_launcher())
+        environment = detect(os.environ)  # the worker ends with the server where it would with the launcher
+        send_request(connection, arguments, environment is not None and environment.worker_ends_with_server())
         pid = receive_number(connection)
     except OSError:  # no server, or it ended before forking: nothing was started
         connection.close()
@@ -66,7 +68,7 @@ def outlived(pid: int) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) < 3:
-        print("usage: python -m shoal.cluster.standin SOCKET MODULE [ARGUMENTS...] (started by shoal train)",
+        print("usage: python -m shoal.cluster.node.standin SOCKET MODULE [ARGUMENTS...] (started by shoal train)",
               file=sys.stderr)
         sys.exit(2)
     sys.exit(stand_in(sys.argv[1], sys.argv[2], sys.argv[3:]))

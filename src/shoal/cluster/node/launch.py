@@ -1,10 +1,10 @@
 """Starting this node's workers for one attempt, through torch's elastic agent.
 
 Launching is apart from training: this module starts `python -m shoal.worker` processes (forked
-from shoal.cluster.forkserver's server where `shoal train` started one) and turns their failures
-into one description naming the rank and host; it knows nothing about models or data, and nothing
-about other machines beyond the rendezvous handler it is given (see shoal.cluster.rendezvous,
-which agrees on node ranks and attempts beforehand).
+from the fork server it is handed, shoal.cluster.node.forkserver, where the caller started one) and
+turns their failures into one description naming the rank and host; it knows nothing about models
+or data, and nothing about other machines beyond the rendezvous handler it is given (see
+shoal.cluster.node.rendezvous, which agrees on node ranks and attempts beforehand).
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 
-from shoal.cluster import forkserver, scratch
-from shoal.cluster.orphan import LAUNCHER_VARIABLE
+from shoal.cluster import scratch
+from shoal.cluster.environments import ShoalLauncher
+from shoal.cluster.node import forkserver
 from shoal.cluster.signals import Interrupted, caller_signal_handlers, handled_signals
+from shoal.cluster.verdict import Account, Kind, root_cause
 from shoal.errors import EXIT_USAGE, WorkerError, lost_peer
 from shoal.events import JobRestarted, WorkerFailed
 
@@ -36,11 +38,13 @@ WORKER_MODULE = forkserver.WORKER_MODULE
 
 
 def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezvous: RendezvousHandler,
-           resume: bool = False, callbacks: Path | None = None) -> None:
-    """Run `workers` local worker processes of the job to completion; raise WorkerError on failure."""
+           resume: bool = False, callbacks: Path | None = None, server: forkserver.ForkServer | None = None) -> None:
+    """Run `workers` local worker processes of the job to completion; raise WorkerError on failure.
+
+    With a fork `server` the workers are forked from it, already imported; without one each starts afresh."""
     variables = {
         "OMP_NUM_THREADS": str(threads),
-        LAUNCHER_VARIABLE: str(os.getpid()),  # its workers end themselves once it is gone
+        **ShoalLauncher.variables(os.getpid()),  # its workers know it, and end themselves once it is gone
         "TORCHELASTIC_SIGNALS_TO_HANDLE": handled_signals(),
         # every node runs the same number of workers: torch numbers them without asking a shared store
         "TORCH_ELASTIC_WORKER_IDENTICAL": "1",
@@ -50,7 +54,6 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezv
         arguments.append("--resume")
     if callbacks is not None:
         arguments += ["--callbacks", str(callbacks)]
-    server = forkserver.running()  # `shoal train` started one: the workers come already imported
     arguments = server.arguments(arguments) if server else ["-u", "-m", WORKER_MODULE, *arguments]
     # torch's default log folder is a /tmp/torchelastic_* left behind by every job; ours is named by this
     # process, so a later launch (or the fork server) removes it should this one be killed outright
@@ -155,19 +158,25 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def _kind(failure) -> Kind:
+    """One failed worker's account for the verdict, from torch's record of it."""
+    if _wrote_error(failure) and not lost_peer(str(failure.message)):
+        return Kind.RAISED
+    if failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM:  # SIGTERM: the launcher stopping the others
+        return Kind.KILLED
+    return Kind.FOLLOWED
+
+
 def describe_failure(error: ChildFailedError) -> WorkerError:
     """The root cause among this node's failed workers, as one line and as the `worker_failed` event.
 
-    A worker that raised is preferred over ones that were killed as a consequence; the error's
-    `consequence` says that every one of them only failed because of something elsewhere (a lost
-    peer, or stopped by its launcher), so another node holds the cause.
+    Named by shoal.cluster.verdict's order (a worker that raised, then one killed, then the earliest);
+    the error's `consequence` says that every one of them only failed because of something elsewhere
+    (a lost peer, or stopped by its launcher), so another node holds the cause.
     """
     failures = sorted(error.failures.items(), key=lambda item: item[1].timestamp)
-    raised = [(rank, failure) for rank, failure in failures
-              if _wrote_error(failure) and not lost_peer(str(failure.message))]
-    # SIGTERM is what the launcher sends the others once one has failed
-    killed = [(rank, failure) for rank, failure in failures if failure.exitcode < 0 and failure.exitcode != -15]
-    rank, failure = (raised or killed or failures)[0]
+    cause = root_cause([Account(_kind(failure), rank=rank, details=failure) for rank, failure in failures])
+    rank, failure = cause.rank, cause.details
     message = failure.message
     if isinstance(message, dict):  # the error file's {"message": ..., "extraInfo": {traceback}}
         message = message.get("message", "")

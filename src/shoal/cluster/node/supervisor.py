@@ -1,6 +1,6 @@
 """One node's launcher from start to end: meet the other machines, run attempts, restart together.
 
-Every node runs a supervisor. All of them join the job's store (shoal.cluster.rendezvous), run
+Every node runs a supervisor. All of them join the job's store (shoal.cluster.node.rendezvous), run
 numbered attempts of their workers, and after a failure follow the first node's decision:
 restart every node's workers from the newest checkpoint, or stop. The first node (the leader,
 whose run directory holds the events) finds the root cause among every node's reports and the
@@ -10,20 +10,22 @@ workers' liveness, and records each failure, restart and the job's end, whatever
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed as dist
 
-from shoal.cluster.heartbeat import silence, verdict
-from shoal.cluster.launch import launch, restart_line, workers_environment
-from shoal.cluster.rendezvous import AttemptRendezvous, Decision, Meeting, Nodes, Report, failure_fields
+from shoal.cluster import heartbeat, verdict
+from shoal.cluster.node.forkserver import ForkServer
+from shoal.cluster.node.launch import launch, restart_line, workers_environment
+from shoal.cluster.node.rendezvous import AttemptRendezvous, Decision, Meeting, Nodes, Report, failure_fields
+from shoal.cluster.node.watch import AttemptWatch
 from shoal.cluster.signals import Interrupted, interruptible
 from shoal.cluster.store import SECRET_VARIABLE, StoreUnreachable
-from shoal.cluster.watch import AttemptWatch
+from shoal.cluster.verdict import Account, Kind
 from shoal.errors import EXIT_USAGE, WorkerError, first_line
-from shoal.events import JobEnd, WorkerFailed, append_event
-from shoal.train.exits import restart_record
+from shoal.events import JobEnd, JobRestarted, WorkerFailed, append_event
 
 
 @dataclass
@@ -35,10 +37,14 @@ class Plan:
     workers: int
     threads: int
     timeout: float
+    restart_record: Callable[[Path, int], JobRestarted]
+    """Restart number n of the run directory, from its newest checkpoint (training's shoal.train.exits)."""
     max_restarts: int = 0
     resume: bool = False
     callbacks: Path | None = None
     """The caller's callbacks, written by value (`shoal.fit(callbacks=...)`), for the coordinator."""
+    server: ForkServer | None = None
+    """The caller's fork server (shoal.cluster.node.forkserver), which every attempt's workers fork from."""
 
 
 def supervise(plan: Plan, nodes: Nodes) -> None:
@@ -117,7 +123,7 @@ class Supervisor:
             # the workers' keys are named by the job's secret: handed in their environment, never their argv
             with watch, workers_environment({SECRET_VARIABLE: meeting.secret}):
                 launch(plan.job_file, plan.run_dir, workers=plan.workers, threads=plan.threads,
-                       rendezvous=rendezvous, resume=resume, callbacks=plan.callbacks)
+                       rendezvous=rendezvous, resume=resume, callbacks=plan.callbacks, server=plan.server)
         except WorkerError as error:
             if watch.lost is not None:
                 raise lost_store(watch.lost, meeting) from None
@@ -142,7 +148,8 @@ class Supervisor:
             meeting.decide(attempt, decision)
             return decision
         reports, missing = meeting.reports(attempt)
-        cause, text = root_cause(reports, missing, verdict(meeting.worker_store), meeting.hosts, self.plan.workers)
+        silent = heartbeat.verdict(meeting.worker_store)
+        cause, text = root_cause(reports, missing, silent, meeting.hosts, self.plan.workers)
         append_event(run_dir, cause)
         usage = any(report.usage for report in reports if not report.consequence)
         if any(report.succeeded for report in reports):  # workers pass their last barrier after the model is saved
@@ -152,7 +159,7 @@ class Supervisor:
             decision = Decision(restart=False, message=text, failure=failure_fields(cause), usage=usage)
         else:
             self.restarts += 1
-            restart = restart_record(run_dir, self.restarts)
+            restart = self.plan.restart_record(run_dir, self.restarts)
             append_event(run_dir, restart)
             print(restart_line(text, restart, self.plan.max_restarts), file=sys.stderr, flush=True)
             decision = Decision(restart=True, message=text)
@@ -167,21 +174,36 @@ class Supervisor:
 
 def root_cause(reports: list[Report], missing: list[int], silent: dict | None, hosts: list[str],
                workers: int = 1) -> tuple[WorkerFailed, str]:
-    """The failure to blame, as the event and one line: a worker that stopped answering (from the
-    workers' liveness), else a node's own cause, else a node that sent no report, else the first.
-    `workers` per node places a rank that never beat on its host."""
+    """The failure to blame, as the event and one line, by shoal.cluster.verdict's order: a worker that
+    stopped answering (from the workers' liveness), a node's own error, a node's worker killed or a node
+    that sent no report, then the first that failed. `workers` per node places a rank that never beat on
+    its host."""
+    cause = verdict.root_cause(accounts(reports, missing, silent, hosts, workers))
+    if cause is None:
+        return WorkerFailed(message="the workers failed"), "the workers failed"
+    if cause.kind is Kind.SILENT:
+        failure = WorkerFailed(rank=cause.rank, host=cause.host, message=cause.message)
+        return failure, f"worker rank {cause.rank} on {cause.host} {cause.message}; the others waited for it"
+    if cause.node is not None:
+        failure = WorkerFailed(host=cause.host, message=cause.message)
+        return failure, f"{cause.host} (node {cause.node}): {cause.message}"
+    failure = cause.details
+    return failure, f"worker rank {failure.rank} on {failure.host} failed: {failure.message}"
+
+
+def accounts(reports: list[Report], missing: list[int], silent: dict | None, hosts: list[str],
+             workers: int) -> list[Account]:
+    """What every node reported, and the liveness's silent worker, as accounts for the verdict."""
+    found = []
     if silent is not None:
         host = silent["host"] if silent["host"] != "?" else hosts[min(silent["rank"] // workers, len(hosts) - 1)]
-        message = silence(silent)
-        text = f"worker rank {silent['rank']} on {host} {message}; the others waited for it"
-        return WorkerFailed(rank=silent["rank"], host=host, message=message), text
-    failed = [report for report in reports if report.failure is not None]
-    causes = [report for report in failed if not report.consequence]
-    if causes or not missing:
-        if not failed:
-            return WorkerFailed(message="the workers failed"), "the workers failed"
-        failure = WorkerFailed(**(causes or failed)[0].failure)
-        return failure, f"worker rank {failure.rank} on {failure.host} failed: {failure.message}"
-    node = missing[0]
+        found.append(Account(Kind.SILENT, rank=silent["rank"], host=host, message=heartbeat.silence(silent)))
+    for report in reports:
+        if report.failure is not None:
+            failure = WorkerFailed(**report.failure)
+            kind = Kind.RAISED if failure.signal is None else Kind.KILLED
+            found.append(Account(Kind.FOLLOWED if report.consequence else kind, rank=failure.rank,
+                                         host=failure.host, message=failure.message, details=failure))
     message = "its launcher stopped answering (gone, or cut off)"
-    return WorkerFailed(host=hosts[node], message=message), f"{hosts[node]} (node {node}): {message}"
+    found += [Account(Kind.KILLED, host=hosts[node], message=message, node=node) for node in missing]
+    return found
