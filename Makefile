@@ -47,10 +47,10 @@ system-packages:
 	        $$missing >/dev/null) || echo "could not install$$missing: the tests that need them skip"; fi
 
 # A quick check while editing (under 2 minutes on 2 cores): ruff, and the unit tests, which start no processes
-# (those in tests/unit/cluster and tests/unit/test_supervisor.py that still do are marked `processes`, left out).
+# (tests/conftest.py fails one that does: it belongs in tests/processes, tests/distributed or tests/e2e).
 check: install
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q tests/unit -m "not processes" --durations=30
+	$(BIN)/python -m pytest -q tests/unit --durations=30
 
 # Bytecode written once, up front: where PYTHONDONTWRITEBYTECODE is set (as in many containers) every process a
 # test starts would otherwise compile shoal's modules again (some 0.15 s of a core each).

@@ -5,7 +5,10 @@ makes a small dataset slower on more machines in the scaling study. With `--agai
 same job runs from the source of a git revision too, interleaved with this tree's runs so that
 the machine's drift falls on both alike, and the report gives the ratio. With `--restart` a worker
 kills itself (SIGKILL) in the second epoch and the job restarts from the first epoch's checkpoint:
-the report gives, too, the seconds from that failure to the restarted workers' resumption.
+the report gives, too, the seconds from that failure to the restarted workers' resumption. With
+`--torch-forkserver` the same job runs a third way, interleaved too: torch's agent starts each worker as a
+function in a process forked by multiprocessing's forkserver, which preloads `shoal.worker`
+(`multiprocessing.set_forkserver_preload`) and starts first thing, where shoal's own fork server would.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from io import BytesIO
 from pathlib import Path
 
 from benchmarks.common import ROOT, WORK, machine, machine_line, median, write_result
+from shoal.cluster.node.launch import TORCH_FORKSERVER
 from shoal.data.synthetic import synth_binary
 from shoal.events import JobResumed, read_history
 
@@ -52,6 +56,18 @@ def job_text(train: Path, rows: int, workers: int, marker: Path | None) -> str:
     return JOB.format(model=SABOTAGED.format(at=steps + steps // 2, marker=marker), train=train, epochs=2, every=1)
 
 
+SHOAL = ("-m", "shoal")
+# `shoal train` with multiprocessing's forkserver in place of shoal's own: started as early, preloading the worker
+TORCH_SERVER = ("-c", """import contextlib, multiprocessing, multiprocessing.forkserver
+multiprocessing.set_forkserver_preload(["shoal.worker"])
+multiprocessing.forkserver.ensure_running()
+from shoal.cluster.node import forkserver
+forkserver.serving = lambda module=None, wanted=True: contextlib.nullcontext()
+from shoal.cli import run
+run()
+""")
+
+
 def source_of(revision: str, folder: Path) -> Path:
     """The `src` folder of `revision`, unpacked from git into `folder` (nothing in the repository changes)."""
     archive = subprocess.run(["git", "archive", "--format=tar", revision, "src"], cwd=ROOT, check=True,
@@ -61,15 +77,21 @@ def source_of(revision: str, folder: Path) -> Path:
     return folder / "src"
 
 
-def one_job(source: Path, job: Path, run_dir: Path, workers: int, marker: Path | None) -> tuple[float, ...]:
+def one_job(tree: tuple[Path, tuple[str, ...]], job: Path, run_dir: Path, workers: int,
+            marker: Path | None) -> tuple[float, ...]:
     """Seconds to the first training step (the first epoch's start) and in all, from the command's start; with
-    `marker` (a restart), the seconds from the worker's failure to the job's resumption too."""
+    `marker` (a restart), the seconds from the worker's failure to the job's resumption too. `tree`: the source
+    and how the command starts (SHOAL or TORCH_SERVER)."""
+    source, command = tree
     shutil.rmtree(run_dir, ignore_errors=True)
     if marker is not None:
         marker.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(source), str(ROOT))))  # ROOT: the sabotaged model
+    env.pop(TORCH_FORKSERVER, None)
+    if command == TORCH_SERVER:
+        env[TORCH_FORKSERVER] = "1"
     began = time.time()
-    subprocess.run([sys.executable, "-m", "shoal", "train", str(job), "--workers", str(workers), "--run-dir",
+    subprocess.run([sys.executable, *command, "train", str(job), "--workers", str(workers), "--run-dir",
                     str(run_dir), "--max-restarts", "1"], check=True, cwd=ROOT, env=env, capture_output=True)
     total = time.time() - began
     history = read_history(run_dir)
@@ -98,7 +120,7 @@ def report(results: dict, args, info: dict) -> str:
         f"Workload: {args.rows:,} rows x 32 features, 32-16-2, {WORKLOADS[args.restart]}, {args.workers} "
         f"worker(s) on one machine; {args.runs} interleaved runs of each tree. Command: `python -m "
         f"benchmarks.startup{' --against ' + args.against if args.against else ''}"
-        f"{' --restart' if args.restart else ''}`.", "",
+        f"{' --restart' if args.restart else ''}{' --torch-forkserver' if args.torch_forkserver else ''}`.", "",
         "| tree | median to the first step (s) | median in all (s) | runs in all (s) |"
         + (" median from the failure to the resumption (s) | runs (s) |" if args.restart else ""),
         "| --- | --- | --- | --- |" + (" --- | --- |" if args.restart else ""),
@@ -106,10 +128,12 @@ def report(results: dict, args, info: dict) -> str:
     for name, runs in results.items():
         lines.append(f"| {name} | {median([r[0] for r in runs]):.2f} | {median_and_runs(runs, 1)} |"
                      + (f" {median_and_runs(runs, 2)} |" if args.restart else ""))
-    if len(results) == 2:
-        (new, new_runs), (old, old_runs) = results.items()
-        ratio = median([r[1] for r in new_runs]) / median([r[1] for r in old_runs])
-        lines += ["", f"**Ratio {new} / {old}, in all: {ratio:.3f}**"]
+    (first, first_runs), *others = results.items()
+    for other, runs in others:  # each against this tree's (shoal's fork server)
+        ratios = [median([r[index] for r in runs]) / median([r[index] for r in first_runs])
+                  for index in range(len(runs[0]))]
+        lines += ["", f"**Ratio {other} / {first}, in all: {ratios[1]:.3f}** (to the first step: {ratios[0]:.3f}"
+                  + (f"; from the failure to the resumption: {ratios[2]:.3f})" if args.restart else ")")]
     return "\n".join(lines) + "\n"
 
 
@@ -120,6 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--restart", action="store_true", help="a worker is killed in the second epoch")
+    parser.add_argument("--torch-forkserver", action="store_true",
+                        help="also start the workers from multiprocessing's forkserver, preloading shoal.worker")
     args = parser.parse_args(argv)
     folder = WORK / "startup"
     shutil.rmtree(folder, ignore_errors=True)
@@ -128,16 +154,18 @@ def main(argv: list[str] | None = None) -> None:
     job = folder / "job.toml"
     marker = folder / "killed" if args.restart else None
     job.write_text(job_text(folder / "train", args.rows, args.workers, marker))
-    trees = {"this tree": ROOT / "src"}
+    trees = {"this tree": (ROOT / "src", SHOAL)}
+    if args.torch_forkserver:
+        trees["this tree, torch's forkserver"] = (ROOT / "src", TORCH_SERVER)
     with tempfile.TemporaryDirectory(prefix="shoal-startup-") as unpacked:
         if args.against:
             commit = subprocess.run(["git", "rev-parse", "--short", args.against], cwd=ROOT, check=True,
                                     capture_output=True, text=True).stdout.strip()
-            trees[commit] = source_of(commit, Path(unpacked))
+            trees[commit] = (source_of(commit, Path(unpacked)), SHOAL)
         results = {name: [] for name in trees}
         for _ in range(args.runs):
-            for name, source in trees.items():
-                results[name].append(one_job(source, job, folder / "run", args.workers, marker))
+            for name, tree in trees.items():
+                results[name].append(one_job(tree, job, folder / "run", args.workers, marker))
     text = report(results, args, machine())
     print(text)
     write_result("startup", text, {"arguments": vars(args), "runs": results})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -30,21 +32,37 @@ def a9a_dir() -> Path:
     return folder
 
 
-# Unit tests start no process. Those in these files still do, until they move out of tests/unit too.
 UNIT = ROOT / "tests" / "unit"
-NOT_YET_MOVED = (UNIT / "cluster", UNIT / "test_supervisor.py")
 
 
-@pytest.fixture(autouse=True)
-def unit_tests_start_no_process(request):
+@contextmanager
+def _unit_starts_no_process(item: pytest.Item) -> Iterator[None]:
     """Fail a test under tests/unit that starts a process: it belongs in tests/processes (or e2e, distributed)."""
-    path = Path(request.node.path)
-    if not path.is_relative_to(UNIT) or any(path.is_relative_to(folder) for folder in NOT_YET_MOVED):
+    if not Path(item.path).is_relative_to(UNIT):
         yield
         return
     with no_processes.watch() as started:
         yield
     assert not started, f"a unit test started processes (move it to tests/processes): {started}"
+
+
+# Each phase is watched, not the test's body alone: a module's fixture is set up in its first test's setup.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _unit_starts_no_process(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _unit_starts_no_process(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    with _unit_starts_no_process(item):
+        return (yield)
 
 
 @pytest.fixture
@@ -85,13 +103,6 @@ def _helper(process: psutil.Process) -> bool:
         return "resource_tracker" in command or server
     except psutil.Error:
         return False
-
-
-def pytest_collection_modifyitems(items) -> None:
-    """A test given project_env starts processes with it: `make check` leaves those out (-m "not processes")."""
-    for item in items:
-        if {"project_env", "project_env_module"} & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.processes)
 
 
 def _project_env() -> dict:

@@ -24,7 +24,7 @@ from shoal.data import leftovers
 from shoal.data.cache import ShareCache
 from shoal.data.format import DatasetWriter, open_dataset
 
-pytestmark = [pytest.mark.processes, pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")]
+pytestmark = pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc")
 
 ROWS = 40
 PATIENCE = 60.0  # seconds a started process may take to reach the state a test waits for

@@ -5,8 +5,6 @@ which process a worker ends with) instead of any module asking which launcher it
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,17 +19,17 @@ from shoal.cluster.environments.shoal_launcher import LAUNCHER_VARIABLE
 from shoal.cluster.orphan import end_with_parent
 from shoal.train.exits import outside_recorder
 from shoal.train.runner import Runner
+from tests.support.pids import unused_pid
 
 PACKAGE = Path(__file__).resolve().parents[3] / "src" / "shoal"
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
 OTHERS = [environment for environment in ENVIRONMENTS if environment is not ShoalLauncher]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def dead_pid() -> int:
-    finished = subprocess.Popen([sys.executable, "-c", "pass"])
-    finished.wait()
-    return finished.pid
+    """The pid of a launcher that has ended: one no process has."""
+    return unused_pid()
 
 
 def under_shoal(**more: str) -> dict[str, str]:
@@ -49,7 +47,7 @@ def test_shoals_launcher_comes_before_torchrun_whose_variables_it_also_sets(monk
     assert isinstance(detect(under_shoal()), ShoalLauncher)
 
 
-def test_a_variable_naming_a_live_process_other_than_the_parent_is_torchrun(dead_pid):
+def test_a_variable_naming_a_live_process_other_than_the_parent_is_torchrun():
     environment = detect({**TORCHRUN, LAUNCHER_VARIABLE: "1"})  # init lives, and is not this test's parent
     assert type(environment) is TorchElastic and environment.launcher_pid() is None
     assert type(detect({**TORCHRUN, LAUNCHER_VARIABLE: "not a pid"})) is TorchElastic

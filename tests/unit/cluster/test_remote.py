@@ -1,4 +1,5 @@
-"""One terminal for every machine: hosts from --hosts, a hostfile or the job, and each node's command."""
+"""One terminal for every machine: hosts from --hosts, a hostfile or the job, and each node's command (asking
+the hosts through a command: tests/processes/cluster/test_remote.py)."""
 
 from __future__ import annotations
 
@@ -52,13 +53,3 @@ def test_every_host_runs_as_many_workers():
     assert agree_workers([Host("node1", "4"), Host("node2")], "4", "ssh {host}", "job.toml", []) == 4
     with pytest.raises(ConfigError, match="same number of workers, got 2, 4"):
         agree_workers([Host("node1", "4"), Host("node2", "2")], "1", "ssh {host}", "job.toml", [])
-
-
-@pytest.mark.processes
-def test_auto_asks_every_host_and_takes_the_smallest(tmp_path, capsys):
-    answers = tmp_path / "fake-ssh"  # a stand-in for ssh: node1 holds 3 workers, node2 holds 2
-    answers.write_text('#!/bin/sh\ncase "$1" in node1) echo "3\tthree";; node2) echo "2\ttwo";; esac\n')
-    answers.chmod(0o755)
-    hosts = [Host("node1", "auto"), Host("node2")]
-    assert agree_workers(hosts, "auto", f"{answers} {{host}}", "job.toml", []) == 2
-    assert "2 worker(s) on every host" in capsys.readouterr().err

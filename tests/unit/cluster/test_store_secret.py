@@ -1,15 +1,13 @@
 """A job's keys in a store anyone may reach: named by the job's secret, so that a stranger can neither find
-the keys the job acts on nor learn the secret from the store's list of keys."""
+the keys the job acts on nor learn the secret from the store's list of keys (the head handing its nodes the
+secret, through real node processes: tests/processes/cluster/test_store_secret.py)."""
 
 from __future__ import annotations
-
-import sys
 
 import torch.distributed as dist
 
 from shoal.cluster.env import DistInfo
 from shoal.cluster.heartbeat import SILENT_KEY, liveness_store, verdict
-from shoal.cluster.remote import Fleet, Host, remote_command
 from shoal.cluster.store import SECRET_VARIABLE, Sealed, group_store, serve
 
 SECRET = "0123456789abcdef0123456789abcdef"
@@ -39,12 +37,3 @@ def test_a_worker_beats_under_the_secret_its_launcher_handed_it(monkeypatch):
     assert verdict(server) is None  # a stranger's view: no verdict to act on
     assert verdict(Sealed(server, SECRET)) == {"rank": 1}  # the launcher's view
     assert isinstance(server, dist.TCPStore)
-
-
-def test_a_hosts_head_hands_its_nodes_the_secret_on_their_input(capsys):
-    node = [sys.executable, "-c", "import os; from shoal.cluster.remote import stop_when_input_closes as node; "
-                                  "print('secret', node(), flush=True); os._exit(0)"]  # as shoal ends
-    fleet = Fleet([Host("localhost")], [node], "env SHOAL_TEST_HOST={host} sh -c", secret=SECRET)
-    assert fleet.run() == 0
-    assert f"[localhost] secret {SECRET}" in capsys.readouterr().out.splitlines()
-    assert not any(SECRET in word for word in remote_command(fleet.template, "localhost", node))

@@ -10,6 +10,8 @@ shoal.cluster.node.rendezvous, which agrees on node ranks and attempts beforehan
 from __future__ import annotations
 
 import contextlib
+import importlib
+import json
 import logging
 import os
 import shutil
@@ -20,7 +22,6 @@ from pathlib import Path
 
 import psutil
 from torch.distributed.elastic.agent.server.api import WorkerSpec
-from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousHandler
@@ -28,13 +29,15 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler
 from shoal.cluster import scratch
 from shoal.cluster.environments import ShoalLauncher
 from shoal.cluster.node import forkserver
+from shoal.cluster.node.agent import SHUTDOWN_SECONDS, NodeAgent
 from shoal.cluster.signals import Interrupted, caller_signal_handlers, handled_signals
 from shoal.cluster.verdict import Account, Kind, root_cause
 from shoal.errors import EXIT_USAGE, WorkerError, lost_peer
 from shoal.events import JobRestarted, WorkerFailed
 
-SHUTDOWN_SECONDS = 5  # after SIGTERM, how long workers get before SIGKILL
 WORKER_MODULE = forkserver.WORKER_MODULE
+# set (to anything): workers start as functions from multiprocessing's forkserver, for benchmarks.startup only
+TORCH_FORKSERVER = "SHOAL_TORCH_FORKSERVER"
 
 
 def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezvous: RendezvousHandler,
@@ -54,13 +57,12 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezv
         arguments.append("--resume")
     if callbacks is not None:
         arguments += ["--callbacks", str(callbacks)]
-    arguments = server.arguments(arguments) if server else ["-u", "-m", WORKER_MODULE, *arguments]
     # torch's default log folder is a /tmp/torchelastic_* left behind by every job; ours is named by this
     # process, so a later launch (or the fork server) removes it should this one be killed outright
     scratch.sweep()
     logs = scratch.make(scratch.LOGS)
     try:
-        agent = make_agent(rendezvous, workers, arguments, logs)
+        agent = make_agent(rendezvous, workers, arguments, logs, server, variables)
         with _quiet_elastic(), caller_signal_handlers(), workers_environment(variables):
             result = agent.run()
         if result.is_failed():
@@ -71,29 +73,32 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezv
         shutil.rmtree(logs, ignore_errors=True)
 
 
-class NodeAgent(LocalElasticAgent):
-    """torch's agent for this node's workers, minus what shoal's rendezvous does itself: no restarts of
-    its own (every node restarts together) and no exit barrier on the shared store, whose requests
-    would block the launcher, unseen by signals, over a cut link."""
-
-    def _exit_barrier(self) -> None:
-        pass
-
-    def _start_workers(self, worker_group):
-        started = super()._start_workers(worker_group)
-        # once one worker fails torch stops the others with its default 30 s before SIGKILL, not the
-        # agent's shutdown timeout: a stopped or wedged worker would hold every failure that long
-        close = self._pcontext.close
-        self._pcontext.close = lambda death_sig=None, timeout=SHUTDOWN_SECONDS: close(death_sig,
-                                                                                     min(timeout, SHUTDOWN_SECONDS))
-        return started
-
-
-def make_agent(rendezvous: RendezvousHandler, workers: int, arguments: list[str], logs: str) -> LocalElasticAgent:
-    spec = WorkerSpec(role="worker", local_world_size=workers, entrypoint=sys.executable, args=tuple(arguments),
+def make_agent(rendezvous: RendezvousHandler, workers: int, arguments: list[str], logs: str,
+               server: forkserver.ForkServer | None = None, variables: dict[str, str] | None = None) -> NodeAgent:
+    """The agent for one attempt: each worker a `python -m shoal.worker` process (through the fork `server`'s
+    stand-ins where there is one), or, with TORCH_FORKSERVER set, a call of `worker_function` in a process
+    forked by multiprocessing's own forkserver (benchmarks.startup compares the two; not for users)."""
+    if os.environ.get(TORCH_FORKSERVER):
+        entrypoint, start_method = worker_function, "forkserver"
+        arguments = [json.dumps(variables or {}), *arguments]
+    else:
+        entrypoint, start_method = sys.executable, "spawn"
+        arguments = server.arguments(arguments) if server else ["-u", "-m", WORKER_MODULE, *arguments]
+    spec = WorkerSpec(role="worker", local_world_size=workers, entrypoint=entrypoint, args=tuple(arguments),
                       rdzv_handler=rendezvous, max_restarts=0, monitor_interval=0.1)
-    return NodeAgent(spec, logs_specs=DefaultLogsSpecs(log_dir=logs), start_method="spawn",
+    return NodeAgent(spec, logs_specs=DefaultLogsSpecs(log_dir=logs), start_method=start_method,
                      shutdown_timeout=SHUTDOWN_SECONDS)
+
+
+def worker_function(variables: str, *arguments: str) -> None:
+    """A worker as a function, in a process that multiprocessing's forkserver forked with the worker module
+    imported (`multiprocessing.set_forkserver_preload`); torch's agent has set its own variables, not the
+    launcher's (`variables`, JSON): that server's environment is the launcher's as it started it."""
+    os.environ.update(json.loads(variables))
+    os.environ.update(ShoalLauncher.variables(os.getppid()))  # its parent, the forkserver, ends with the launcher
+    status = importlib.import_module(WORKER_MODULE).main(list(arguments))
+    if status:
+        sys.exit(status)
 
 
 @contextlib.contextmanager

@@ -327,7 +327,7 @@ class AttemptRendezvous(RendezvousHandler):
     """torch's agent's view of one attempt: everything was agreed beforehand, so nothing waits here."""
 
     def __init__(self, meeting: Meeting, attempt: int, address: str, port: int):
-        self.store = dist.HashStore()  # torch's agent asks none of it: see shoal.cluster.node.launch.NodeAgent
+        self.store = dist.HashStore()  # torch's agent asks none of it: see shoal.cluster.node.agent.NodeAgent
         self.rank, self.count = meeting.node_rank, meeting.count
         self.address, self.port = address, port
 
