@@ -122,7 +122,7 @@ class JobStart(Event):
         a damaged record holds no count."""
         train = self.config.get("train") if isinstance(self.config, dict) else None
         epochs = train.get("epochs") if isinstance(train, dict) else None
-        valid = isinstance(epochs, int) and not isinstance(epochs, bool) and 0 < epochs < 2**63
+        valid = isinstance(epochs, int) and not isinstance(epochs, bool) and 0 < epochs < INTEGER_LIMIT
         return epochs if valid else None
 
 
@@ -400,7 +400,7 @@ def _value(hint: Any, value: Any) -> Any:
     """Nested records (a dataclass, or a list of them) built from their dicts; a null where a number
     belongs (stored for a NaN or an infinity) as NaN; anything else as stored."""
     if isinstance(hint, types.UnionType):  # `X | None`: X
-        hint = next(argument for argument in typing.get_args(hint) if argument is not type(None))
+        hint = _optional(hint)
     if dataclasses.is_dataclass(hint) and isinstance(value, dict):
         return _build(hint, value)
     if hint is float:
@@ -555,6 +555,7 @@ def _mismatch(hint: Any, value: Any) -> Mismatch | None:
 
 
 def _optional(hint: Any) -> Any:
+    """X of an `X | None` annotation."""
     return next(argument for argument in typing.get_args(hint) if argument is not type(None))
 
 

@@ -145,7 +145,6 @@ def datasets_on_disk(table: dict, train: Any, test: Any, label: str | None) -> I
             shutil.rmtree(folder, ignore_errors=True)
 
 
-
 def named_arguments(message: str, written: dict[str, str]) -> str:
     """`message` with each temporary dataset folder (and any file in it) named by fit's argument instead."""
     for key, path in written.items():

@@ -54,9 +54,9 @@ def local_network() -> nn.Module:
 def test_a_module_and_arrays_train_as_the_same_job_from_a_job_file(data, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (train, test) = data
-    staged_before = set(Path(tempfile.gettempdir()).glob("shoal-data-*"))
+    staged_before = set(Path(tempfile.gettempdir()).glob("shoal-data.*"))
     from_objects = shoal.fit(model=local_network(), train=train, test=test, workers=2, **SETTINGS)
-    assert set(Path(tempfile.gettempdir()).glob("shoal-data-*")) == staged_before  # the arrays' datasets are gone
+    assert set(Path(tempfile.gettempdir()).glob("shoal-data.*")) == staged_before  # the arrays' datasets are gone
     for name, (features, labels) in (("train", train), ("test", test)):
         np.save(tmp_path / f"{name}-x.npy", features)
         np.save(tmp_path / f"{name}-y.npy", labels)
@@ -166,6 +166,6 @@ def test_bad_arrays_are_refused_before_any_worker_starts_naming_the_argument(dat
     for arguments, kind, message in cases:
         with pytest.raises(kind) as raised:
             shoal.fit(model=local_network(), run_dir=tmp_path / "run", **arguments, **SETTINGS)
-        assert str(raised.value).startswith(message) and "shoal-data-" not in str(raised.value)
+        assert str(raised.value).startswith(message) and "shoal-data" not in str(raised.value)
         assert not (tmp_path / "run").exists(), message
         assert "shoal worker" not in capfd.readouterr().err  # no worker started to fail on it

@@ -47,5 +47,5 @@ def test_other_data_is_refused_in_one_line_naming_the_array(trained, tmp_path, d
     run_dir = trained[0]
     with pytest.raises(error, match=message) as refused:
         shoal.predict(run_dir, data, tmp_path / "out.parquet")
-    assert "\n" not in str(refused.value) and "shoal-predict-" not in str(refused.value)
+    assert "\n" not in str(refused.value) and "shoal-predict" not in str(refused.value)
     assert not list(tmp_path.iterdir())

@@ -22,7 +22,7 @@ from shoal.events import read_events
 from tests.e2e.jobs import write_job, write_task
 
 TIMEOUT = 240
-LAUNCHER_FOLDERS = ("torchelastic_*", "shoal-launch-*")
+LAUNCHER_FOLDERS = ("torchelastic_*", "shoal-launch.*")
 
 
 @pytest.fixture(scope="module")

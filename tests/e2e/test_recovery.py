@@ -169,7 +169,7 @@ def test_workers_end_when_their_launcher_is_killed(task, tmp_path, project_env):
     """SIGKILL leaves the launcher no moment to stop its workers: they must notice and stop themselves."""
     job = write_job(tmp_path / "job.toml", task, delay=0.05)  # about 2.5 s per epoch
     run_dir = tmp_path / "run"
-    launch_folders = set(Path(tempfile.gettempdir()).glob("shoal-launch-*"))
+    launch_folders = set(Path(tempfile.gettempdir()).glob("shoal-launch.*"))
     launcher = subprocess.Popen([sys.executable, "-m", "shoal", "train", str(job), "--workers", "2",
                                  "--run-dir", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env=project_env)
@@ -188,7 +188,7 @@ def test_workers_end_when_their_launcher_is_killed(task, tmp_path, project_env):
         launcher.kill()
         for process in processes_mentioning(str(run_dir)):
             process.kill()
-        for folder in set(Path(tempfile.gettempdir()).glob("shoal-launch-*")) - launch_folders:
+        for folder in set(Path(tempfile.gettempdir()).glob("shoal-launch.*")) - launch_folders:
             shutil.rmtree(folder)  # a SIGKILLed launcher cannot remove its own
     assert not (run_dir / "model.pt").exists()
 

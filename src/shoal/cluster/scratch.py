@@ -3,25 +3,23 @@
 Each attempt's launch keeps torch's worker logs in a folder of its own, `shoal train`'s fork server
 its socket, and `shoal.fit` and `shoal.predict` the rows they were given in memory; all are removed on
 the way out, which a SIGKILL skips. So each name carries the pid of the process that made it
-(`shoal-launch-<pid>-<random>`): the fork server, which outlives a killed launcher for a moment, and
-every later launch, fit or predict remove those whose maker has ended.
+(`shoal-launch.<host>.<pid>.<random>.tmp`, as shoal.data.leftovers names every temporary): the fork
+server, which outlives a killed launcher for a moment, and every later launch, fit or predict remove
+those whose maker has ended.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import tempfile
 
-import psutil
+from shoal.data import leftovers
 
-LOGS = "shoal-launch-"
-SERVER = "shoal-forkserver-"
-DATA = "shoal-data-"  # shoal.fit's arrays, DataFrames and Datasets, written as datasets for its workers
-PREDICT = "shoal-predict-"  # rows given to shoal.predict in memory
-# mkdtemp's random part: lowercase, digits, _
-_OWNED = re.compile(rf"^(?:{LOGS}|{SERVER}|{DATA}|{PREDICT})(\d+)-[a-z0-9_]+$")
+LOGS = "shoal-launch"
+SERVER = "shoal-forkserver"
+DATA = "shoal-data"  # shoal.fit's arrays, DataFrames and Datasets, written as datasets for its workers
+PREDICT = "shoal-predict"  # rows given to shoal.predict in memory
+PREFIXES = (LOGS, SERVER, DATA, PREDICT)
 
 
 def make(prefix: str, sweep_first: bool = False) -> str:
@@ -29,39 +27,17 @@ def make(prefix: str, sweep_first: bool = False) -> str:
     folders of processes that have ended go first."""
     if sweep_first:
         sweep()
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+    path = os.path.join(tempfile.gettempdir(), leftovers.owned_name(prefix))
+    os.mkdir(path, 0o700)  # a new folder, never one already there nor a link's target
+    return path
 
 
 def owner(name: str) -> int | None:
-    """The pid of the launcher that made the folder `name`; None when it is not one of these."""
-    matched = _OWNED.match(name)
-    return int(matched.group(1)) if matched else None
+    """The pid of the process that made the folder `name`; None when it is not one of these."""
+    return leftovers.owner(name) if name.startswith(PREFIXES) else None
 
 
 def sweep(folder: str | None = None) -> list[str]:
-    """Remove the launchers' folders in `folder` (the temporary folder) whose launcher has ended."""
+    """Remove the folders in `folder` (the temporary folder) whose maker has ended (never a link's target)."""
     folder = folder or tempfile.gettempdir()
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    removed = []
-    for name in names:
-        pid = owner(name)
-        path = os.path.join(folder, name)
-        if pid is None or pid == os.getpid() or _alive(pid) or os.path.islink(path):
-            continue
-        shutil.rmtree(path, ignore_errors=True)  # never follows a link inside
-        removed.append(path)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (another user's process counts); a killed launcher its parent has not yet
-    reaped is gone."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:  # not ours to look at: alive
-        return True
+    return [path for prefix in PREFIXES for path in leftovers.sweep(folder, f"{prefix}.")]

@@ -29,9 +29,9 @@ SUFFIX = ".tmp"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
-def owned_name(stem: str) -> str:
-    """A temporary name for `stem` that says which process on which host owns it."""
-    return f"{stem}.{HOST}.{os.getpid()}.{uuid.uuid4().hex[:8]}{SUFFIX}"
+def owned_name(stem: str, pid: int | None = None) -> str:
+    """A temporary name for `stem` that says which process (this one by default) on which host owns it."""
+    return f"{stem}.{HOST}.{os.getpid() if pid is None else pid}.{uuid.uuid4().hex[:8]}{SUFFIX}"
 
 
 def owner(name: str) -> int | None:
@@ -53,12 +53,22 @@ def sweep(folder: str, prefix: str) -> list[str]:
     removed = []
     for name in names:
         pid = owner(name) if name.startswith(prefix) else None
-        if pid is None or psutil.pid_exists(pid):  # another user's process counts as alive
-            continue
         path = os.path.join(folder, name)
+        if pid is None or _alive(pid) or os.path.islink(path):  # a link is not a temporary shoal made
+            continue
         remove(path)
         removed.append(path)
     return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs: another user's process counts, a killed one its parent has not yet reaped does not."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # not ours to look at: alive
+        return True
 
 
 def remove(path: str) -> None:

@@ -93,8 +93,7 @@ def sample_batches(run_dir: Path, artifact: dict) -> list[tuple[str, np.ndarray]
     """(name, rows in the stored dtype, shape (n, features)) to compare the file with the model on."""
     features = math.prod(artifact["spec"]["input"])
     dtype = np.dtype(artifact.get("feature_dtype", "float32"))
-    batches = [(name, rows) for name, rows in _dataset_rows(run_dir, features, dtype)]
-    return batches + _drawn(features, dtype)
+    return _dataset_rows(run_dir, features, dtype) + _drawn(features, dtype)
 
 
 def _dataset_rows(run_dir: Path, features: int, dtype: np.dtype) -> list[tuple[str, np.ndarray]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from shoal.cluster import scratch
+from shoal.data.leftovers import owned_name
 from tests.support.pids import unused_pid
 
 
@@ -14,16 +15,16 @@ def test_only_the_folders_of_ended_launchers_are_swept(tmp_path):
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep").write_text("precious")
-    dead = [tmp_path / f"{scratch.LOGS}{ended}-ab_12cd3", tmp_path / f"{scratch.SERVER}{ended}-x9y8z7w6"]
+    dead = [tmp_path / owned_name(scratch.LOGS, ended), tmp_path / owned_name(scratch.SERVER, ended)]
     for folder in dead:
         folder.mkdir()
         (folder / "log").write_text("left by a killed launcher")
         (folder / "link").symlink_to(victim)
-    live = tmp_path / f"{scratch.LOGS}{os.getppid()}-abcdefgh"
-    others = [live, tmp_path / f"{scratch.LOGS}abcdefgh", tmp_path / "torchelastic_x"]
+    live = tmp_path / owned_name(scratch.LOGS, os.getppid())
+    others = [live, tmp_path / f"{scratch.LOGS}.abcdefgh", tmp_path / "torchelastic_x"]
     for folder in others:
         folder.mkdir()
-    link = tmp_path / f"{scratch.LOGS}{ended}-linked00"
+    link = tmp_path / owned_name(scratch.LOGS, ended)
     link.symlink_to(victim)
     assert sorted(scratch.sweep(str(tmp_path))) == sorted(map(str, dead))
     assert all(folder.is_dir() for folder in others) and link.is_symlink()
@@ -40,7 +41,7 @@ def test_a_new_folder_is_owned_by_this_process(tmp_path, monkeypatch):
 def test_fit_and_predict_folders_of_ended_processes_go_when_the_next_one_is_made(tmp_path, monkeypatch):
     monkeypatch.setattr(scratch.tempfile, "tempdir", str(tmp_path))
     ended = unused_pid()  # as an ended launcher's: no process has it
-    left = [tmp_path / f"{prefix}{ended}-ab_12cd3" for prefix in (scratch.DATA, scratch.PREDICT)]
+    left = [tmp_path / owned_name(prefix, ended) for prefix in (scratch.DATA, scratch.PREDICT)]
     for folder in left:
         folder.mkdir()
     made = scratch.make(scratch.PREDICT, sweep_first=True)

@@ -45,7 +45,6 @@ from shoal.errors import ConfigError, WorkerError, first_line
 from shoal.events import WorkerFailed
 
 REPORT_SECONDS = 8.0  # how long the leader waits for every node's account of a failure
-PUBLIC_KEY = keys.PUBLIC  # the one key outside the secret's names: a shoal job holds this store
 
 
 @dataclass
@@ -162,7 +161,7 @@ class Meeting:
                 server = stores.Bounded(stores.serve(bind, self.port))
                 store = stores.Sealed(server, self.secret)
                 store.set(keys.RUN_ID, nodes.run_id or "shoal")
-                server.set(PUBLIC_KEY, "1")
+                server.set(keys.PUBLIC, "1")
                 return store, 0, bind, server.port  # the port picked when asked for any
             except (OSError, RuntimeError) as error:
                 if nodes.rank == 0:
@@ -174,7 +173,7 @@ class Meeting:
                               "node 0 holds the job's store there")
         server = stores.connect(host, self.port, deadline, "the job's store")
         store = stores.Sealed(server, self.secret)
-        if stores.wait_for(server, [PUBLIC_KEY], deadline):
+        if stores.wait_for(server, [keys.PUBLIC], deadline):
             raise WorkerError(f"{host}:{self.port} answers but holds no shoal job")
         if not store.check([keys.RUN_ID]):  # set before the public key: this job's secret is not ours
             raise ConfigError(f"--rdzv-id: {host}:{self.port} holds a shoal job with another --rdzv-id "

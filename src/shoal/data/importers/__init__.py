@@ -19,9 +19,8 @@ from dataclasses import dataclass
 
 from shoal.data.declared_classes import DeclaredClasses
 from shoal.data.encoding import Encoding
-from shoal.data.format import Dataset, check_output, full_disk, open_dataset
+from shoal.data.format import Dataset, check_output, open_dataset
 from shoal.data.importers.common import ImportRequest, check_file
-from shoal.durable import disk_full
 from shoal.errors import DataError
 
 
@@ -97,12 +96,7 @@ def import_dataset(
     writer_options = {"rows_per_file": rows_per_file, "overwrite": overwrite, "declared": declared}
     request = ImportRequest(source, out, format, n_features, label, features, list(categorical or ()), encoding,
                             writer_options, unlabeled)
-    try:
-        IMPORTERS[format].load()(request)
-    except OSError as error:  # the writer removed its temporary folder on the way out
-        if disk_full(error):
-            raise full_disk(out) from None
-        raise
+    IMPORTERS[format].load()(request)
     return open_dataset(out)
 
 
