@@ -17,6 +17,7 @@ The study folder, the job's data and shoal must then be at the same paths on eve
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -26,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -144,7 +146,8 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
                 done.append(run_trial_on_hosts(job, job_file, out, size, place, trial, hosts[:place.nodes]))
             else:
                 done.append(run_trial(job, out, size, place.workers, trial, available, server))
-            write_trials(out, done)
+            with _interrupt_deferred():  # a finished trial's row reaches trials.csv before Ctrl-C acts
+                write_trials(out, done)
             bar.update()
     finally:
         if server is not None:
@@ -175,15 +178,15 @@ def run_trial(job: JobConfig, out: Path, size: Size, workers: int, trial: int, a
     began = time.perf_counter()
     try:
         start(config, run_dir, server=server)
+        threads = threads_per_worker(config.cluster.threads, workers)
+        row = trial_row(out, run_dir, size, workers, trial, threads, available, time.perf_counter() - began)
+        return row | {"trainers": trainer_count(config.to_dict(), workers)}
     except WorkerError as error:  # kept for a look; a rerun starts this trial afresh
         error.args = (f"size {size.label}, {workers} workers, trial {trial} (run directory {run_dir}): {error}",)
         raise
     except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted trial leaves nothing to mistake for one
+        shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted trial (before its row) leaves nothing
         raise
-    threads = threads_per_worker(config.cluster.threads, workers)
-    row = trial_row(out, run_dir, size, workers, trial, threads, available, time.perf_counter() - began)
-    return row | {"trainers": trainer_count(config.to_dict(), workers)}
 
 
 def run_trial_on_hosts(job: JobConfig, job_file: Path, out: Path, size: Size, place: Placement, trial: int,
@@ -280,6 +283,19 @@ def read_trials(out: Path) -> list[dict]:
             except ValueError:
                 raise ConfigError(f"{path}:{line}: not a number where one belongs") from None
     return _fill_trainers(out, rows)
+
+
+@contextlib.contextmanager
+def _interrupt_deferred():
+    """SIGINT held back for the block (in the main thread), delivered once it ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def write_trials(out: Path, rows: list[dict]) -> None:

@@ -37,7 +37,8 @@ def owner(name: str) -> int | None:
     return leftovers.owner(name) if name.startswith(PREFIXES) else None
 
 
-def sweep(folder: str | None = None) -> list[str]:
-    """Remove the folders in `folder` (the temporary folder) whose maker has ended (never a link's target)."""
+def sweep(folder: str | None = None, ended: tuple[int, ...] = ()) -> list[str]:
+    """Remove the folders in `folder` (the temporary folder) whose maker has ended, or is known to have
+    (`ended`), never a link's target."""
     folder = folder or tempfile.gettempdir()
-    return [path for prefix in PREFIXES for path in leftovers.sweep(folder, f"{prefix}.")]
+    return [path for prefix in PREFIXES for path in leftovers.sweep(folder, f"{prefix}.", ended)]

@@ -44,8 +44,9 @@ def owner(name: str) -> int | None:
     return int(parts[1])
 
 
-def sweep(folder: str, prefix: str) -> list[str]:
-    """Remove the temporaries in `folder` whose names begin with `prefix` and whose owner has ended."""
+def sweep(folder: str, prefix: str, ended: tuple[int, ...] = ()) -> list[str]:
+    """Remove the temporaries in `folder` whose names begin with `prefix` and whose owner has ended (or is
+    in `ended`: known gone before the kernel says so)."""
     try:
         names = os.listdir(folder)
     except OSError:  # not there yet, or not readable: nothing of ours to remove
@@ -54,7 +55,8 @@ def sweep(folder: str, prefix: str) -> list[str]:
     for name in names:
         pid = owner(name) if name.startswith(prefix) else None
         path = os.path.join(folder, name)
-        if pid is None or _alive(pid) or os.path.islink(path):  # a link is not a temporary shoal made
+        # a link is not a temporary shoal made
+        if pid is None or (pid not in ended and _alive(pid)) or os.path.islink(path):
             continue
         remove(path)
         removed.append(path)

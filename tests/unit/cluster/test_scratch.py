@@ -46,3 +46,11 @@ def test_fit_and_predict_folders_of_ended_processes_go_when_the_next_one_is_made
         folder.mkdir()
     made = scratch.make(scratch.PREDICT, sweep_first=True)
     assert not any(folder.exists() for folder in left) and os.path.isdir(made)
+
+
+def test_a_maker_known_to_have_ended_is_swept_before_the_kernel_says_so(tmp_path):
+    """The fork server sees its launcher's pipe close before the kernel shows the launcher ended."""
+    mine = tmp_path / owned_name(scratch.LOGS)
+    mine.mkdir()
+    assert scratch.sweep(str(tmp_path)) == []
+    assert scratch.sweep(str(tmp_path), ended=(os.getpid(),)) == [str(mine)] and not mine.exists()

@@ -150,6 +150,7 @@ def serve(listening: int, control: int, ready: int, module: str) -> None:
     launcher closes `control`; READY on `ready` once imported."""
     listener = socket.socket(fileno=listening)
     folder = os.path.dirname(listener.getsockname())
+    launcher, server = os.getppid(), None
     try:
         importlib.import_module(module)
         if not _can_fork_workers(module):  # the stand-ins, refused, run their workers themselves
@@ -160,11 +161,13 @@ def serve(listening: int, control: int, ready: int, module: str) -> None:
         with contextlib.suppress(OSError):
             os.write(ready, READY)
         os.close(ready)
-        Server(listener, control, module).loop()
+        server = Server(listener, control, module)
+        server.loop()
     finally:
         listener.close()
         shutil.rmtree(folder, ignore_errors=True)  # a launcher killed outright cannot
-        scratch.sweep()  # nor its launches' folders: gone with it, it cannot say, nor remove them
+        # nor its launches' folders; gone (EOF) while the kernel may not yet show it ended, so said here
+        scratch.sweep(ended=(launcher,) if server is not None and server.launcher_gone else ())
 
 
 def _can_fork_workers(module: str) -> bool:
@@ -199,6 +202,7 @@ class Server:
         self.module = module
         self.pid = os.getpid()
         self.serving = True
+        self.launcher_gone = False  # its control pipe closed without a word: killed outright
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ, self.accept)
         self.selector.register(control, selectors.EVENT_READ, self.told)
@@ -214,6 +218,8 @@ class Server:
         """The launcher is done (STOP) or gone (EOF): the server ends, and the workers it was told to stop."""
         if os.read(control, 1) == STOP:
             self.kill_workers()
+        else:
+            self.launcher_gone = True
         self.serving = False
 
     def accept(self, listener: socket.socket) -> None:
