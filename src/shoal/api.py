@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,11 +87,10 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
             object_file(job.model.object, run_dir)
         prepared = prepare(job, run_dir=run_dir)
         check_device(job)
-        world_size = job.cluster.workers * nodes.count
-        check_world_size(job, world_size, prepared.train_set)
-        if resume:
-            check_resumable(run_dir, job, prepared.spec, prepared.train_set, world_size)
-        elif _holds(nodes):  # held only now: a job refused by its checks leaves no folder behind
+        layout = functools.partial(check_layout, job, prepared, run_dir if resume else None)
+        if nodes.count == 1:  # across machines the total is known once all have met: the supervisor checks it then
+            layout(job.cluster.workers)
+        if not resume and _holds(nodes):  # held only now: a job refused by its checks leaves no folder behind
             held.enter_context(_hold(run_dir, nodes))
             check_new_run_dir(run_dir)  # another job may have taken it since it was chosen
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -99,7 +99,15 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
         threads = threads_per_worker(job.cluster.threads, job.cluster.workers)
         supervise(Plan(job_file, run_dir, workers=job.cluster.workers, threads=threads, timeout=job.cluster.timeout,
                        restart_record=restart_record, max_restarts=max_restarts, resume=resume,
-                       callbacks=callbacks, server=server), nodes)
+                       callbacks=callbacks, server=server, check_layout=layout if nodes.count > 1 else None), nodes)
+
+
+def check_layout(job: JobConfig, prepared, resumed: Path | None, world_size: int) -> None:
+    """What `world_size` workers in all must fit: the algorithm's and the rows' checks, and a resume's
+    checkpoints (written by as many)."""
+    check_world_size(job, world_size, prepared.train_set)
+    if resumed is not None:
+        check_resumable(resumed, job, prepared.spec, prepared.train_set, world_size)
 
 
 def absolute_data_paths(job: JobConfig) -> None:

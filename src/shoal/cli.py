@@ -100,14 +100,12 @@ def trust_flag(job, hosts: bool = False) -> str:
 
 
 def workers_for(option: str | None, job, nodes: int) -> int | None:
-    """--workers as a count: given, or with `auto` what this machine holds (said on stderr)."""
+    """--workers as a count: given, or with `auto` what this machine holds (said on stderr; each machine of
+    several answers for itself)."""
     if option != "auto":
         if option is not None and not option.lstrip("-").isdigit():
             raise ShoalError(f"--workers: must be an integer >= 1 or auto, got {option}")
         return None if option is None else int(option)  # resolve_job checks the range
-    if nodes > 1:
-        raise ShoalError("--workers auto: every machine must run the same number of workers; give a count, or "
-                         "start them all with --hosts, which asks each machine and takes the smallest")
     from shoal.train.capacity import auto_workers
 
     count, reason = auto_workers(job, nodes)
@@ -152,14 +150,16 @@ def command_train_hosts(args: argparse.Namespace, job) -> int:
     if args.workers not in (None, "auto"):
         resolve_job(job, [], workers_for(args.workers, job, 1))  # the count's errors, here and not on every host
     job_file = str(args.job.resolve()) if args.job else str(run_dir / "job.toml")
-    workers = agree_workers(hosts, args.workers or str(job.cluster.workers), job.cluster.remote, job_file,
-                            args.overrides)
-    commands = node_commands(hosts, arguments, workers, job.cluster.port)
+    counts = agree_workers(hosts, args.workers or str(job.cluster.workers), job.cluster.remote, job_file,
+                           args.overrides)  # each host its own
+    commands = node_commands(hosts, arguments, counts, job.cluster.port)
     try:  # the nodes get the job's secret on their input, not on a command line others may read
         status = Fleet(hosts, commands, job.cluster.remote, secret=secrets.token_hex(16)).run()
     except Interrupted as interrupt:
+        # the run's job.toml holds one count: hosts that ran different ones are told theirs again
+        again = [host.name if len(set(counts)) == 1 else f"{host.name}:{count}" for host, count in zip(hosts, counts)]
         print(f"shoal: {interrupt} (every host stopped); continue with: shoal train --resume {run_dir} "
-              f"--hosts {','.join(host.name for host in hosts)}{trust_flag(job, hosts=True)}", file=sys.stderr)
+              f"--hosts {','.join(again)}{trust_flag(job, hosts=True)}", file=sys.stderr)
         return interrupt.exit_code
     return status
 
@@ -365,8 +365,8 @@ def parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train a job on N local workers (or one node of a cluster)")
     train.add_argument("job", nargs="?", type=Path, help="the job file (TOML); with --resume, the run's own")
     train.add_argument("--workers", metavar="N|auto",
-                       help="worker processes on this machine (cluster.workers); auto: as many as its cores "
-                            "and memory hold")
+                       help="worker processes on this machine (cluster.workers; machines may run different "
+                            "counts); auto: as many as its cores and memory hold")
     train.add_argument("--run-dir", type=Path, help="where the job writes (default runs/<job>-<date>-<time>)")
     train.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its newest checkpoint")
     train.add_argument("--trust-code", action="store_true",
@@ -390,8 +390,8 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--interface", metavar="NAME",
                          help="network interface the workers talk on (default: the one that reaches the endpoint)")
     hosts = train.add_argument_group("one terminal for every machine (each reached by cluster.remote, ssh {host})")
-    hosts.add_argument("--hosts", metavar="HOST[:N],...", help="start a node on each host (N workers; the first "
-                       "host is where they meet), e.g. node1:4,node2:4")
+    hosts.add_argument("--hosts", metavar="HOST[:N],...", help="start a node on each host (N workers, a count or "
+                       "auto for each host, else --workers; the first host is where they meet), e.g. node1:4,node2:2")
     hosts.add_argument("--hostfile", type=Path, help="the hosts, one per line: HOST, HOST:N or HOST slots=N")
     hosts.add_argument("--stop-when-input-closes", action="store_true", help=argparse.SUPPRESS)
     train.set_defaults(handler=command_train)
@@ -543,6 +543,12 @@ def add_plan_parser(commands) -> None:
                        "first two (reached by cluster.remote, ssh {host}); plans 1 to all of them")
     where.add_argument("--nodes", metavar="N[,N...]", help="node counts to plan (default 1,2,4,8,16)")
     plan.add_argument("--workers-per-node", type=int, default=1, metavar="K", help="workers on each machine")
+    plan.add_argument("--machines", metavar="CLASS[,CLASS...]",
+                      help="machines of different speeds, in rank order (N nodes are the first N; with --hosts, one "
+                      "for each host): COUNTxSPEED, machines whose workers step SPEED times as fast as the profile's "
+                      "machine (2x1.0,1x0.5), or COUNTxPROFILE, a profile saved on such a machine by --save-profile "
+                      "(2xfast.json,1xslow.json); each algorithm is then predicted with equal shares and with speed "
+                      "shares (cluster.balance = \"speed\")")
     plan.add_argument("--link", metavar="RATE", help="describe the network instead of measuring it, like 1gbit, "
                       "100mbit (default without --hosts or --profile: 1gbit)")
     plan.add_argument("--latency", metavar="TIME", help="with --link: each message's fixed cost, like 0.1ms")

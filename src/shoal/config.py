@@ -28,6 +28,8 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
 LOSSES = ("cross_entropy", "binary_cross_entropy", "mse")
 LOGGERS = ("csv", "mlflow", "tensorboard")
+BALANCES = ("equal", "speed")
+GROUP_BY_MACHINE = "machine"
 DEFAULT_PORT = 29400
 """Where the machines meet on the first one, unless told (torchrun's default too)."""
 SEED_LIMIT = 2**63
@@ -163,10 +165,15 @@ class ClusterConfig:
     """cpu, cuda, or auto (cuda when present); cuda uses NCCL, cpu gloo."""
     timeout: float = 300.0
     """Seconds any collective may wait before the job fails."""
-    groups: int = 1
+    groups: int | str = 1
     """Split the training workers into this many groups (hierarchical algorithms): Downpour
     gives each group a sub-master; averaging and EASGD average within a group every
-    `group_period` steps and across groups every `period`."""
+    `group_period` steps and across groups every `period`. "machine": averaging and synchronous
+    EASGD make one group of each machine's workers."""
+    balance: str | list[float] = "equal"
+    """How an epoch's rows are shared among the training workers: "equal" shares; "speed", shares
+    proportional to each worker's measured rows per second (moved at epoch boundaries); or a list of
+    relative speeds, one per training worker, for machines whose speeds are known."""
     hosts: list[str] | None = None
     """The machines `shoal train` starts from one terminal, "name" or "name:workers" (as --hosts)."""
     remote: str = "ssh {host}"
@@ -180,7 +187,10 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         _at_least("cluster.workers", self.workers, 1)
         _within("cluster.threads", self.threads, 0, MAX_THREADS)
-        _at_least("cluster.groups", self.groups, 1)
+        if self.groups != GROUP_BY_MACHINE and (isinstance(self.groups, bool) or not isinstance(self.groups, int)
+                                                or self.groups < 1):
+            raise ConfigError(f"cluster.groups: must be an integer >= 1 or \"machine\", got {self.groups!r}")
+        check_balance(self.balance)
         _at_least("cluster.port", self.port, 1)
         if self.port > 65535:
             raise ConfigError(f"cluster.port: must be a TCP port (1 to 65535), got {self.port}")
@@ -273,6 +283,17 @@ def parse_size(key: str, value: Any) -> int:
             if size > 0:
                 return size
     raise ConfigError(f"{key}: must be a size in bytes, e.g. 536870912, \"512MB\" or \"2GiB\", got {value!r}")
+
+
+def check_balance(balance: Any) -> None:
+    """cluster.balance: one of BALANCES, or a list of positive finite relative speeds."""
+    if isinstance(balance, str) and balance in BALANCES:
+        return
+    if isinstance(balance, list) and balance and all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w > 0 for w in balance):
+        return
+    raise ConfigError(f"cluster.balance: must be \"equal\", \"speed\" or a list of relative speeds > 0, one per "
+                      f"training worker, got {balance!r}")
 
 
 def _at_least(key: str, value: Any, minimum: int) -> None:

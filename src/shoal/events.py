@@ -78,6 +78,10 @@ class WorkerEpoch:
     compute: float = 0.0
     communication: float = 0.0
     data: float = 0.0
+    rate: float = 0.0
+    """Rows per second of its own work (compute and data, not waits for others): what speed shares follow."""
+    share: float = 0.0
+    """Its fraction of the epoch's rows."""
 
 
 @dataclass(kw_only=True)
@@ -171,6 +175,10 @@ class EpochEnd(Event):
     workers: list[WorkerEpoch] = field(default_factory=list)
     algorithm: dict | None = None
     """The algorithm's own report (a server's updates and staleness), when it has one."""
+    balance: str | None = None
+    """cluster.balance as it shared this epoch's rows: "equal", "speed" or "fixed" (a list of speeds)."""
+    next_shares: list[int] | None = None
+    """With speed shares: each training worker's rows for the next epoch, when they change."""
 
 
 @dataclass(kw_only=True)

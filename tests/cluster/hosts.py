@@ -77,16 +77,21 @@ def burst_bytes(rate: str) -> int:
 
 class EmulatedCluster:
     """`hosts` hosts named host0, host1, ... at 10.77.0.1, .2, ..., linked at `rate` (tc tbf syntax). The
-    folders in `keep` (default: `code_folders()`) that lie under /tmp are seen by every host at their own path."""
+    folders in `keep` (default: `code_folders()`) that lie under /tmp are seen by every host at their own path.
+    Each host has a core of its own unless `cores` says which each takes (indexes into this process's cores;
+    several hosts may share one: machines of unequal speed)."""
 
-    def __init__(self, hosts: int = 2, rate: str = "1gbit", keep=None):
+    def __init__(self, hosts: int = 2, rate: str = "1gbit", keep=None, cores: list[int] | None = None):
         self.hosts, self.rate = hosts, rate
         self.kept = under_tmp(code_folders() if keep is None else keep)
         self.prefix = f"shoal{os.getpid() % 100000}"
         self.folder = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-", dir="/var/tmp"))
         self.shared = self.folder / "shared"  # the same folder, at the same path, on every host
         self.processes: list[subprocess.Popen] = []
-        self.cores = sorted(os.sched_getaffinity(0))[:hosts]
+        available = sorted(os.sched_getaffinity(0))
+        if cores is not None and len(cores) != hosts:
+            raise ValueError(f"cores: one per host, got {len(cores)} for {hosts} hosts")
+        self.cores = [available[index] for index in cores] if cores is not None else available[:hosts]
         try:
             self._build()
         except BaseException:

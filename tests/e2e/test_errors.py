@@ -105,25 +105,29 @@ def free_port() -> int:
 
 
 @pytest.mark.timeout(120)
-def test_nodes_started_with_different_worker_counts_stop_in_one_line(task, tmp_path, project_env):
-    """Once they waited silently for ever (torch numbers every node's workers alike)."""
+def test_a_layout_of_different_worker_counts_the_job_cannot_use_stops_every_node_in_one_line(task, tmp_path,
+                                                                                              project_env):
+    """Machines may run different counts: 2 + 1 workers are 3 in all, too few for 4 groups. Every node is told so
+    once all have met, in one line naming each machine's count (node 1 alone would count 2 x 1 = 2, node 0
+    2 x 2 = 4 and wait for the other until cluster.timeout)."""
     train, test = task
     job = write_job(tmp_path / "job.toml", train, test, epochs=1)
     endpoint = f"127.0.0.1:{free_port()}"
+    settings = ["--set", "cluster.groups=4", "--set", "algorithm.group_period=1", "--set", "cluster.timeout=60"]
     nodes = [subprocess.Popen([sys.executable, "-m", "shoal", "train", str(job), "--workers", str(workers),
                                "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint,
-                               "--rdzv-id", "e2e-worker-counts", "--run-dir", str(tmp_path / "run")],
+                               "--rdzv-id", "e2e-worker-counts", "--run-dir", str(tmp_path / "run"), *settings],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=project_env)
              for rank, workers in ((0, 2), (1, 1))]
     try:
-        finished = [node.communicate(timeout=60) for node in nodes]
+        finished = [node.communicate(timeout=45) for node in nodes]  # within cluster.timeout: nobody waited
     finally:
         for node in nodes:
             node.kill()
     for node, (_, err) in zip(nodes, finished):
-        assert node.returncode == 2
-        assert err.strip().splitlines() == [f"shoal: error: --workers: every machine must run the same number of "
-                                            f"workers, got node 0 ({HOST}) 2, node 1 ({HOST}) 1"]
+        assert node.returncode == 2, err
+        assert err.strip().splitlines() == ["shoal: error: cluster.groups: 4 groups need at least 4 training workers, "
+                                            f"got 3 (workers on each machine: node 0 ({HOST}) 2, node 1 ({HOST}) 1)"]
 
 
 @pytest.mark.timeout(120)

@@ -80,7 +80,7 @@ def test_the_stored_record_is_the_kind_the_time_then_the_fields(tmp_path):
     assert record["event"] == "epoch_end" and record["epoch"] == 2
     assert record["seconds_split"] == {"compute": 1.0, "communication": 0.5, "data": 0.25, "evaluation": 0.25}
     assert record["workers"][1] == {"rank": 1, "host": "b", "rows": 50, "seconds": 2.0, "steps_per_second": 2.5,
-                                    "compute": 1.0, "communication": 0.5, "data": 0.25}
+                                    "compute": 1.0, "communication": 0.5, "data": 0.25, "rate": 0.0, "share": 0.0}
 
 
 def test_fields_not_known_are_left_out_of_the_stored_record(tmp_path):

@@ -67,10 +67,17 @@ def algorithm_class(name: str, options=None) -> type[Algorithm]:
     raise ConfigError(f"algorithm: no variant of {name!r} for these options")
 
 
-def make_algorithm(name: str, options: dict, groups: int = 1) -> Algorithm:
-    """The algorithm `name` with its options; `groups` is cluster.groups (hierarchical algorithms)."""
+def make_algorithm(name: str, options: dict, groups: int | str | list[list[int]] = 1) -> Algorithm:
+    """The algorithm `name` with its options; `groups` is cluster.groups (hierarchical algorithms): a count, the
+    members of each group, or "machine" where the machines are not known yet (checked as one group)."""
     typed = options_class(name)(**options)
-    return algorithm_class(name, typed)(typed, groups)
+    cls = algorithm_class(name, typed)
+    if groups == "machine":
+        if issubclass(cls, ServerAlgorithm) or not cls.supports_groups:
+            cls(typed, [[0]])  # says why in one line
+            raise ConfigError(f'cluster.groups: "machine" groups are for averaging and synchronous EASGD, not {name}')
+        groups = 1
+    return cls(typed, groups)
 
 
 def role(algorithm: Algorithm, rank: int, world_size: int) -> Role:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from shoal.algorithms.base import model_state
 from shoal.algorithms.collective import CollectiveAlgorithm
-from shoal.algorithms.groups import check_group_period, check_groups, check_period, contiguous_groups
+from shoal.algorithms.groups import check_group_period, check_groups, check_period
 from shoal.cluster.collectives import FlatBuffer
 
 
@@ -45,24 +45,49 @@ class ModelAveraging(CollectiveAlgorithm):
         super().check(world_size)
         check_groups(self.groups, self.options.group_period, world_size)
 
+    def same_steps(self) -> bool:
+        return False  # a faster worker takes more steps between rounds
+
     def setup(self, model, optimizer, comm) -> None:
         super().setup(model, optimizer, comm)
-        self.state = FlatBuffer(model_state(model))
+        self.state = FlatBuffer(model_state(model), extra=1)  # the last slot carries the rows, when weighed
         self.group_comm = None
         if self.options.group_period is not None:
-            self.group_comm = comm.split(contiguous_groups(comm.world_size, self.groups))
+            self.group_comm = comm.split(self.group_layout(comm.world_size))
         self.step_count = 0  # the global step just taken
         self.averaged_at = 0  # the global step of the last average across all workers
+        self.rows = [0, 0]  # rows trained on since the last round across all workers, and within the group
+
+    def after_backward(self, rows: int) -> None:
+        self.rows[0] += rows
+        self.rows[1] += rows
 
     def average_(self) -> None:
         """Replace every replica by the mean of all replicas."""
-        self.comm.all_reduce_mean_(self.state.pack())
-        self.state.unpack_()
+        self._average(self.comm, 0)
+        self.rows[1] = 0
 
     def average_group_(self) -> None:
         """Replace every replica by the mean of its group's replicas."""
-        self.group_comm.all_reduce_mean_(self.state.pack())
-        self.state.unpack_()
+        self._average(self.group_comm, 1)
+
+    def _average(self, comm, which: int) -> None:
+        """The mean over `comm`'s replicas: plain, or weighed by the rows each trained on since the last round."""
+        if comm.world_size == 1:
+            self.rows[which] = 0
+            return
+        flat = self.state.pack()
+        if self.weigh_by_rows:
+            flat[:-1].mul_(self.rows[which])
+            flat[-1] = self.rows[which]
+            comm.all_reduce_sum_(flat)
+            if flat[-1] > 0:  # no worker trained: the replicas are the same, keep them
+                flat[:-1].div_(flat[-1])
+                self.state.unpack_()
+        else:
+            comm.all_reduce_mean_(flat[:-1])
+            self.state.unpack_()
+        self.rows[which] = 0
 
     def after_step(self, step: int) -> None:
         self.step_count = step

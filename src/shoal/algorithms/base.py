@@ -14,6 +14,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from shoal.algorithms.groups import contiguous_groups
 from shoal.cluster.collectives import Communicator, FlatBuffer
 from shoal.errors import ConfigError
 
@@ -34,12 +35,25 @@ class Algorithm:
     supports_groups: ClassVar[bool] = False
     """Whether cluster.groups > 1 means something to this algorithm."""
 
-    def __init__(self, options=None, groups: int = 1):
+    def __init__(self, options=None, groups: int | list[list[int]] = 1):
+        """`groups`: cluster.groups as a count, or the members of each group (ranks, one group per machine)."""
         self.options = options if options is not None else self.Options()
-        self.groups = groups  # cluster.groups
+        self.members = groups if isinstance(groups, list) else None
+        self.groups = len(groups) if isinstance(groups, list) else groups  # how many
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.comm: Communicator | None = None
+        self.weigh_by_rows = False
+        """Shares differ (cluster.balance): averages weigh each worker by the rows it trained on."""
+
+    def same_steps(self) -> bool:
+        """Whether every training worker must run the same steps in an epoch (a worker given more rows then
+        takes larger batches); otherwise it takes more steps of the job's batch size."""
+        return True
+
+    def group_layout(self, count: int) -> list[list[int]]:
+        """The members of each group among `count` workers: as given, or contiguous of nearly equal sizes."""
+        return self.members if self.members is not None else contiguous_groups(count, self.groups)
 
     @classmethod
     def summary(cls) -> str:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from shoal.algorithms.collective import CollectiveAlgorithm
-from shoal.algorithms.groups import check_group_period, check_groups, check_period, contiguous_groups
+from shoal.algorithms.groups import check_group_period, check_groups, check_period
 from shoal.cluster.collectives import FlatBuffer
 from shoal.errors import ConfigError
 
@@ -84,12 +84,15 @@ class ElasticAveraging(CollectiveAlgorithm):
         super().check(world_size)
         check_groups(self.groups, self.options.group_period, world_size)
         # A round moves the gap between the workers' mean and the centre by a factor 1 - (N+1)*alpha.
-        workers = max(len(g) for g in contiguous_groups(world_size, self.groups)) if self.hierarchical else world_size
+        workers = max(len(g) for g in self.group_layout(world_size)) if self.hierarchical else world_size
         alpha = self.options.elastic_force
         if (workers + 1) * alpha >= 2:
             raise ConfigError(f"algorithm.elastic_force: {alpha} is too strong for rounds of {workers} workers: "
                               f"the centre overshoots further every round unless elastic_force < 2 / (workers + 1) "
                               f"= {2 / (workers + 1):.3g}; the paper uses 0.9 / workers = {0.9 / workers:.3g}")
+
+    def same_steps(self) -> bool:
+        return False  # a faster worker takes more steps between rounds
 
     def setup(self, model, optimizer, comm) -> None:
         super().setup(model, optimizer, comm)
@@ -101,7 +104,7 @@ class ElasticAveraging(CollectiveAlgorithm):
         buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.buffers = FlatBuffer(buffers) if buffers else None
         if self.hierarchical:
-            self.round_comm = comm.split(contiguous_groups(comm.world_size, self.groups))
+            self.round_comm = comm.split(self.group_layout(comm.world_size))
             self.round_period = self.options.group_period
             self.cross_period = self.options.period if self.groups > 1 else None
         else:

@@ -33,7 +33,7 @@ class AsynchronousElasticAveraging(ServerAlgorithm):
 
     def __init__(self, options=None, groups: int = 1):
         super().__init__(options, groups)
-        self.every = self.options.period if self.options.period != "epoch" else 0
+        self.every = self.options.period if self.options.period != "epoch" else 1  # plan() sets it
 
     def check(self, world_size: int) -> None:
         if self.groups > 1:
@@ -41,10 +41,8 @@ class AsynchronousElasticAveraging(ServerAlgorithm):
                               "for hierarchical EASGD")
         super().check(world_size)
 
-    def plan(self, steps_per_epoch: int) -> None:
-        if self.options.period == "epoch":
-            self.every = steps_per_epoch  # one exchange at each epoch's end
-        super().plan(steps_per_epoch)
+    def every_for(self, steps: int) -> int:
+        return steps if self.options.period == "epoch" else self.options.period  # "epoch": once, at its end
 
     def setup(self, model, optimizer, comm, on_update=None) -> None:
         super().setup(model, optimizer, comm, on_update)

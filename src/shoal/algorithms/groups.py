@@ -50,3 +50,11 @@ def contiguous_groups(count: int, groups: int) -> list[list[int]]:
         members.append(list(range(start, start + size)))
         start += size
     return members
+
+
+def machine_groups(hosts: list[str]) -> list[list[int]]:
+    """cluster.groups = "machine": the ranks of each host (rank i runs on hosts[i]), hosts in order of first rank."""
+    members: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        members.setdefault(host, []).append(rank)
+    return list(members.values())

@@ -1,9 +1,10 @@
 """Parameter-server algorithms: rank 0 holds the central model and serves, the others train.
 
 Trainers exchange with their server every `every` steps (and once more at the end of an epoch
-if steps remain): one UPDATE message out, one REPLY back. So every trainer sends the same
-number of updates per epoch, which the server knows in advance: it serves until that many have
-arrived, then all ranks meet at the epoch's end (statistics, evaluation, checkpoint) as in the
+if steps remain): one UPDATE message out, one REPLY back. Every rank knows each trainer's steps
+in the epoch (`plan`: equal, or a faster trainer's more with shares sized by speed), so the server
+knows in advance how many updates end it: it serves until that many have arrived (its rows are
+used), then all ranks meet at the epoch's end (statistics, evaluation, checkpoint) as in the
 other algorithms. Asynchronous servers answer whichever trainer sends first; synchronous ones
 gather one update from every client before applying them together.
 
@@ -34,8 +35,12 @@ class ServerAlgorithm(Algorithm, abc.ABC):
     synchronous = False
     every = 1  # steps between a trainer's exchanges
 
-    def __init__(self, options=None, groups: int = 1):
+    def __init__(self, options=None, groups: int | list[list[int]] = 1):
+        if isinstance(groups, list):
+            raise ConfigError('cluster.groups: "machine" groups are for averaging and synchronous EASGD; a parameter '
+                              "server's sub-masters are ranks 1..G: give a number of groups")
         super().__init__(options, groups)
+        self.steps_of: dict[int, int] = {}  # each trainer's steps this epoch, by rank
         self.version = 0  # updates applied by the top server; a trainer: the version its weights are from
         self.since = 0  # a trainer's steps since its last exchange
         self.rounds_per_epoch = 0
@@ -95,9 +100,29 @@ class ServerAlgorithm(Algorithm, abc.ABC):
         self.update = Message(sum(p.numel() for p in self.parameters + self.buffers), dtype)
         self.reply = Message(sum(p.numel() for p in self.parameters), dtype)
 
-    def plan(self, steps_per_epoch: int) -> None:
-        """Told before training how many steps every trainer runs per epoch."""
-        self.rounds_per_epoch = math.ceil(steps_per_epoch / self.every)
+    def same_steps(self) -> bool:
+        """A synchronous server and sub-masters gather one update from every client each round."""
+        return self.synchronous or self.relays() > 0
+
+    def plan(self, steps: int | dict[int, int]) -> None:
+        """Told before each epoch how many steps every trainer runs (one count, or each trainer's by rank):
+        a trainer given more rows sends more updates, and the server serves until every one has come."""
+        world_size = self.comm.world_size if self.comm is not None else None
+        if isinstance(steps, int):
+            steps = dict.fromkeys(self.trainer_ranks(world_size) if world_size else [], steps) or {-1: steps}
+        self.steps_of = dict(steps)
+        mine = steps.get(self.comm.rank) if self.comm is not None else None
+        if mine is not None:
+            self.every = self.every_for(mine)
+        self.rounds_per_epoch = self.exchanges(max(steps.values()))  # alike for all where rounds gather
+
+    def every_for(self, steps: int) -> int:
+        """Steps between a trainer's exchanges when it runs `steps` steps an epoch."""
+        return self.every
+
+    def exchanges(self, steps: int) -> int:
+        """Updates a trainer running `steps` steps sends in an epoch."""
+        return math.ceil(steps / self.every_for(steps))
 
     # ------------------------------------------------------------------ trainer side
 
@@ -143,7 +168,11 @@ class ServerAlgorithm(Algorithm, abc.ABC):
 
     def updates_per_epoch(self) -> int:
         """The updates the top server applies in an epoch (a synchronous round's are one)."""
-        return self.rounds_per_epoch * (1 if self.synchronous else len(self.clients))
+        if self.synchronous:
+            return self.rounds_per_epoch
+        if self.relays():
+            return self.rounds_per_epoch * len(self.clients)
+        return sum(self.exchanges(self.steps_of.get(client, max(self.steps_of.values()))) for client in self.clients)
 
     def receive_update(self, copy: bool = True) -> tuple[int, Message]:
         source = self.comm.receive(self.update.buffer, None, messages.UPDATE)

@@ -75,7 +75,7 @@ def init_process_group(info: DistInfo, device: torch.device, timeout: float, req
     Returns `info` with the attempt (`restarts`) and the device every rank agreed on."""
     if info.world_size == 1 or dist.is_initialized():  # alone: torchrun's own count is the job's
         return dataclasses.replace(info, restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
-    one_machine = info.world_size == info.local_world_size
+    one_machine = info.world_size == info.local_world_size  # machines may run different counts: true on one alone
     master = info.master
     if master is None and info.launcher in MPI_LAUNCHERS:
         master = agree_master(info.world_size, one_machine)

@@ -3,9 +3,10 @@
 Like mpirun, horovodrun and DeepSpeed, the head runs each host's `shoal train` through a remote
 command (`ssh {host}` by default, `cluster.remote` to change it: the command line is added as
 one last argument, as ssh takes it). The first host is where the machines meet; every node gets
-its rank, the worker count, the endpoint and the same run directory, so nothing is set by hand.
-The job file, the data and shoal itself must be at the same paths on every host (a shared home,
-or the same image), as mpirun expects. Each host's output comes back prefixed by its name.
+its rank, its worker count (each host its own: `h0:4,h1:2`), the endpoint and the same run
+directory, so nothing is set by hand. The job file, the data and shoal itself must be at the same
+paths on every host (a shared home, or the same image), as mpirun expects. Each host's output
+comes back prefixed by its name.
 
 The head makes up the job's secret (see shoal.cluster.node.rendezvous) and writes it as the first line
 of each node's input, which it keeps open anyway: it is never on a command line, where `ps` on
@@ -52,7 +53,7 @@ def parse_hosts(entries: list[str], where: str) -> list[Host]:
     hosts = []
     for entry in entries:
         match = re.fullmatch(r"\s*([A-Za-z0-9_.\-\[\]:]+?)(?::(\d+|auto))?\s*", entry)
-        if match is None or match.group(2) == "0":
+        if match is None or (match.group(2) or "auto").strip("0") == "":  # no workers: 0, 00, ...
             raise ConfigError(f"{where}: cannot read host {entry!r} (expected NAME or NAME:WORKERS, like node1:4)")
         hosts.append(Host(match.group(1), match.group(2)))
     if not hosts:
@@ -87,37 +88,40 @@ def remote_command(template: str, host: str, command: list[str]) -> list[str]:
     return [word.replace("{host}", host) for word in shlex.split(template)] + [shlex.join(command)]
 
 
-def agree_workers(hosts: list[Host], workers: str, template: str, job: str, overrides: list[str]) -> int:
-    """One worker count for every host (each node must run as many; torch numbers them so): the count
-    given, or with `auto` the smallest of what each host holds, asked of each host through `template`."""
-    counts = {host.name: host.workers or workers for host in hosts}
-    given = {count for count in counts.values() if count != "auto"}
-    if len(given) > 1:
-        raise ConfigError(f"--hosts: every host runs the same number of workers, got {', '.join(sorted(given))}")
-    asked = {}
-    for name in [name for name, count in counts.items() if count == "auto"]:
+def agree_workers(hosts: list[Host], workers: str, template: str, job: str, overrides: list[str]) -> list[int]:
+    """Each host's worker count, in the hosts' order: its own (`name:N`) or else `workers`; `auto` is what
+    that host holds, asked of it through `template`. Hosts may run different counts: ranks stay contiguous
+    on each machine (shoal.cluster.node.agent)."""
+    wanted = [host.workers or workers for host in hosts]
+    counts = []
+    for host, count in zip(hosts, wanted):
+        if count != "auto":
+            counts.append(int(count))
+            continue
         probe = [sys.executable, "-m", "shoal.train.capacity", job, "--nodes", str(len(hosts))]
         for override in overrides:
             probe += ["--set", override]
-        answer = subprocess.run(remote_command(template, name, probe), capture_output=True, text=True, timeout=120)
+        answer = subprocess.run(remote_command(template, host.name, probe), capture_output=True, text=True,
+                                timeout=120)
         if answer.returncode != 0:
             last = (answer.stderr.strip().splitlines() or ["no answer"])[-1]
-            raise ShoalError(f"{name}: could not ask its cores and memory through {template!r}: {last}")
+            raise ShoalError(f"{host.name}: could not ask its cores and memory through {template!r}: {last}")
         count, reason = answer.stdout.strip().splitlines()[-1].split("\t", 1)
-        asked[name] = int(count)
-        print(f"shoal: --workers auto: {name}: {reason}", file=sys.stderr)
-    chosen = min([*map(int, given), *asked.values()])
-    if asked:
-        print(f"shoal: --workers auto: {chosen} worker(s) on every host", file=sys.stderr)
-    return chosen
+        counts.append(int(count))
+        print(f"shoal: --workers auto: {host.name}: {reason}", file=sys.stderr)
+    if "auto" in wanted:
+        told = ", ".join(f"{host.name} {count}" for host, count in zip(hosts, counts))
+        print(f"shoal: --workers auto: {told} ({sum(counts)} in all)", file=sys.stderr)
+    return counts
 
 
-def node_commands(hosts: list[Host], arguments: list[str], workers: int, port: int) -> list[list[str]]:
-    """Each host's `shoal train` command line: `arguments` plus its rank, workers and the meeting place."""
+def node_commands(hosts: list[Host], arguments: list[str], counts: list[int], port: int) -> list[list[str]]:
+    """Each host's `shoal train` command line: `arguments` plus its rank, its worker count (`counts`, in the
+    hosts' order) and the meeting place."""
     endpoint = f"{hosts[0].name}:{port}"
-    return [[sys.executable, "-m", "shoal", "train", *arguments, "--workers", str(workers), "--nnodes", str(len(hosts)),
+    return [[sys.executable, "-m", "shoal", "train", *arguments, "--workers", str(count), "--nnodes", str(len(hosts)),
              "--node-rank", str(rank), "--rdzv-endpoint", endpoint, "--stop-when-input-closes"]
-            for rank in range(len(hosts))]
+            for rank, count in enumerate(counts)]
 
 
 class Fleet:

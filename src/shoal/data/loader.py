@@ -19,17 +19,10 @@ import numpy as np
 import pyarrow
 import torch
 
+from shoal.data.balance import Plan, equal_plan
 from shoal.data.cache import ShareCache
 from shoal.data.format import Dataset
-from shoal.data.partition import (
-    batch_bounds,
-    blocked_epoch_order,
-    blocked_epoch_plan,
-    epoch_order,
-    share,
-    steps_per_epoch,
-    sub_partitions,
-)
+from shoal.data.partition import blocked_epoch_order, blocked_epoch_plan, epoch_order, sub_partitions
 from shoal.errors import ConfigError
 
 PARTS_IN_MEMORY = 2  # a batch may straddle two sub-partitions: both must fit the budget
@@ -94,28 +87,70 @@ class ShardLoader:
         sample_shape: list[int] | None = None,
         memory_budget: int | None = None,
         cache_dir: str | None = None,
+        plan: Plan | None = None,
     ):
+        """`rank` and `world_size` count training workers; `plan` gives their shares (default: equal)."""
         self.dataset = dataset
         self.rank, self.world_size = rank, world_size
         self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
         self.device, self.label_dtype = device, label_dtype
-        self.steps = steps_per_epoch(dataset.rows, world_size, batch_size)
-        self.start, self.stop = share(dataset.rows, world_size, rank)
-        row_bytes = dataset.features * dataset.feature_dtype.itemsize
-        self.part_rows = plan_memory(self.rows, row_bytes, batch_size, memory_budget)
+        self.memory_budget, self.cache_dir = memory_budget, cache_dir
         self.cache: ShareCache | None = None
         self._buffers: list[np.ndarray] = []  # the sub-partitions in memory, allocated once
         self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shoal-cache-reader")
-        began = time.perf_counter()
-        if self.part_rows is None:
-            self.features, self.labels = dataset.read_rows(self.start, self.stop)
-        else:
-            self.cache = ShareCache(dataset, self.start, self.stop, cache_dir=cache_dir, chunk_rows=self.part_rows)
-            self.features, self.labels = self.cache.features, self.cache.labels
-        self.load_seconds = time.perf_counter() - began
-        pyarrow.default_memory_pool().release_unused()  # Arrow keeps freed read buffers for reuse otherwise
+        self.plan = plan or equal_plan(dataset.rows, world_size, batch_size)
+        self.start, self.stop = self.plan.range(rank)
+        self.steps = self.plan.steps[rank]
+        self.features = self.labels = None
+        self.load_seconds = self._load(self.start, self.stop)
         self.sample_shape = tuple(sample_shape or dataset.shape)  # the model's view of a row
         self.convert = Converter(self.features.dtype, self.sample_shape, device, label_dtype)
+
+    def _load(self, start: int, stop: int) -> float:
+        """Hold rows [start, stop): in RAM (keeping the rows already held), or in a fresh local cache; the seconds."""
+        began = time.perf_counter()
+        dataset = self.dataset
+        row_bytes = dataset.features * dataset.feature_dtype.itemsize
+        self.part_rows = plan_memory(stop - start, row_bytes, self.plan.largest_batch(self.rank), self.memory_budget)
+        if self.cache is not None:  # a cached share is copied anew: its sub-partitions are cut by its size
+            self.features, self._buffers = None, []
+            self.cache.close()
+            self.cache = None
+        if self.part_rows is None:
+            self.features, self.labels = self._read_keeping(start, stop)
+        else:
+            self.cache = ShareCache(dataset, start, stop, cache_dir=self.cache_dir, chunk_rows=self.part_rows)
+            self.features, self.labels = self.cache.features, self.cache.labels
+        self.start, self.stop = start, stop
+        pyarrow.default_memory_pool().release_unused()  # Arrow keeps freed read buffers for reuse otherwise
+        return time.perf_counter() - began
+
+    def _read_keeping(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows [start, stop) into RAM, reading from the dataset only those not already held."""
+        kept_from, kept_to = max(start, self.start), min(stop, self.stop)
+        if self.features is None or kept_from >= kept_to:
+            return self.dataset.read_rows(start, stop)
+        pieces = []
+        if start < kept_from:
+            pieces.append(self.dataset.read_rows(start, kept_from))
+        pieces.append((self.features[kept_from - self.start: kept_to - self.start],
+                       self.labels[kept_from - self.start: kept_to - self.start]))
+        if kept_to < stop:
+            pieces.append(self.dataset.read_rows(kept_to, stop))
+        if len(pieces) == 1:
+            return pieces[0][0].copy(), pieces[0][1].copy()  # a view would keep the whole old share alive
+        return np.concatenate([piece[0] for piece in pieces]), np.concatenate([piece[1] for piece in pieces])
+
+    def reshare(self, plan: Plan) -> float:
+        """Follow a new plan from the next epoch: read the rows the new share adds; the seconds it took."""
+        start, stop = plan.range(self.rank)
+        self.plan, self.steps = plan, plan.steps[self.rank]
+        row_bytes = self.dataset.features * self.dataset.feature_dtype.itemsize
+        same_parts = plan_memory(stop - start, row_bytes, plan.largest_batch(self.rank),
+                                 self.memory_budget) == self.part_rows
+        if (start, stop) == (self.start, self.stop) and same_parts:
+            return 0.0
+        return self._load(start, stop)
 
     @property
     def rows(self) -> int:
@@ -144,7 +179,7 @@ class ShardLoader:
             yield from self._cached_batches(epoch)
             return
         order = self.order(epoch)
-        for lo, hi in batch_bounds(self.rows, self.steps, self.batch_size):
+        for lo, hi in self.plan.bounds(self.rank):
             if not self.shuffle:
                 yield self.to_tensors(self.features[lo:hi], self.labels[lo:hi])
             else:
@@ -183,7 +218,7 @@ class ShardLoader:
 
         visit = 0
         try:
-            for lo, hi in batch_bounds(self.rows, self.steps, self.batch_size):
+            for lo, hi in self.plan.bounds(self.rank):
                 for finished in [v for v in held if v < visit]:
                     free.append(held.pop(finished).base)
                 start_reading(visit)

@@ -4,7 +4,8 @@ Pure functions of (rows, world size, batch size, seed, epoch): every rank comput
 plan without talking to the others. Shares are contiguous row ranges that differ by at most
 one row, so each rank reads only the files and row groups holding its range. Every rank runs
 the same number of steps per epoch (collectives never mismatch); the last batch of an epoch
-takes whatever rows remain, so every row is used exactly once per epoch.
+takes whatever rows remain, so every row is used exactly once per epoch. These are the equal
+shares (cluster.balance = "equal"); `balance` cuts shares sized by each worker's speed.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ import sys
 from shoal.cluster.env import cores
 from shoal.config import JobConfig
 from shoal.errors import ConfigError
-from shoal.plan.calibrate import DEFAULT_LATENCY, LOOPBACK, calibrate, described_network
+from shoal.plan.calibrate import DEFAULT_LATENCY, LOOPBACK, calibrate, described_network, model_key_of
+from shoal.plan.machines import MachineClass, check_models, machine_counts, machine_speeds, parse_machines
 from shoal.plan.median import median_profile
 from shoal.plan.planner import COMPARED, Plan, job_shape, make_plan
 from shoal.plan.predict import is_server
@@ -29,6 +30,22 @@ def node_counts(text: str | None, hosts: list[str] | None) -> list[int]:
         raise ConfigError(f"--nodes: expected node counts like 1,2,4,8, got {text!r}") from None
     if not counts or counts[0] < 1:
         raise ConfigError(f"--nodes: node counts must be >= 1, got {text!r}")
+    return counts
+
+
+def planned_counts(text: str | None, hosts: list[str] | None, classes: list[MachineClass]) -> list[int]:
+    """The node counts to plan: as `node_counts` says; on listed machines (`--machines`), none beyond them."""
+    if not classes:
+        return node_counts(text, hosts)
+    total = sum(machine.count for machine in classes)
+    if hosts and len(hosts) != total:
+        raise ConfigError(f"--machines: lists {total} machine(s) for {len(hosts)} --hosts (one for each host, "
+                          "in the same order)")
+    if not hosts and text is None:
+        return machine_counts(classes)
+    counts = node_counts(text, hosts)
+    if counts[-1] > total:
+        raise ConfigError(f"--nodes: {counts[-1]} nodes, but --machines lists {total}")
     return counts
 
 
@@ -74,11 +91,15 @@ def plan_job(job: JobConfig, args) -> tuple[Plan, str]:
     """Calibrate as the options say, then plan every node count and algorithm; (the plan, its text)."""
     check_options(args)
     hosts = [host.strip() for host in args.hosts.split(",")] if args.hosts else None
-    nodes = node_counts(args.nodes, hosts)
+    classes = parse_machines(args.machines) if args.machines else []
+    nodes = planned_counts(args.nodes, hosts, classes)
     names = algorithms(args.algorithms, job)
     shapes = [job_shape(job, args.rows, name) for name in names]
+    if any(machine.compute is not None for machine in classes):
+        check_models(classes, model_key_of(job))  # before minutes of probing, not after
     profile = profile_for(job, args, hosts, messages=any(is_server(shape) for shape in shapes))
-    plan = make_plan(shapes, nodes, args.workers_per_node, profile)
+    speeds = machine_speeds(classes, profile.compute, job.train.batch_size)
+    plan = make_plan(shapes, nodes, args.workers_per_node, profile, speeds)
     if args.plot:
         print(f"shoal plan: curves in {plot(plan, args.plot)}", file=sys.stderr)
     return plan, render(plan, profile, args.workers_per_node)

@@ -4,17 +4,19 @@ The user's first question before booking machines is "how many, which algorithm,
 The planner predicts every (node count, algorithm) pair for the job's model and data, finds for
 each node count the smallest dataset at which it beats the count below it (the Parallel SGD
 study's crossover), and recommends the smallest cluster within a tenth of the fastest job, with
-its reason in one line.
+its reason in one line. On machines of different speeds each algorithm is a series twice over,
+with equal shares and with speed shares, so the recommendation says which to set.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 
-from shoal.config import JobConfig
+from shoal.config import GROUP_BY_MACHINE, JobConfig
 from shoal.plan.costs import crossover
-from shoal.plan.predict import Layout, Prediction, Shape, name, predict, trainers
+from shoal.plan.predict import Layout, Prediction, Shape, group_count, is_server, name, predict, trainers
 from shoal.plan.profile import Profile
 
 COMPARED = ("sync", "averaging", "downpour")
@@ -32,25 +34,32 @@ def job_shape(job: JobConfig, rows: int | None = None, algorithm: str | None = N
     buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point())
     name = algorithm or job.algorithm.name
     options = dict(job.algorithm.options) if name == job.algorithm.name else {}
-    return Shape(parameters=sum(p.numel() for p in model.parameters()), buffers=buffers,
-                 rows=rows if rows is not None else train_set.rows, test_rows=test_rows, batch=job.train.batch_size,
-                 epochs=job.train.epochs, eval_every=job.train.eval_every, algorithm=name, options=options,
-                 groups=job.cluster.groups)
+    shape = Shape(parameters=sum(p.numel() for p in model.parameters()), buffers=buffers,
+                  rows=rows if rows is not None else train_set.rows, test_rows=test_rows, batch=job.train.batch_size,
+                  epochs=job.train.epochs, eval_every=job.train.eval_every, algorithm=name, options=options,
+                  groups=job.cluster.groups)
+    if shape.groups == GROUP_BY_MACHINE and is_server(shape):  # a server takes no machine groups: one group
+        shape = dataclasses.replace(shape, groups=1)
+    return shape
 
 
 @dataclass
 class Plan:
     predictions: list[Prediction]
     crossovers: dict[str, dict[int, float | None]] = field(default_factory=dict)
-    """Algorithm -> node count -> the rows from which it beats the node count before it."""
+    """Series (the algorithm, and how the rows were shared on machines of different speeds) -> node count ->
+    the rows from which it beats the node count before it."""
     recommendation: str = ""
     baseline: dict[str, float] = field(default_factory=dict)
-    """Algorithm -> the job seconds of the smallest cluster, for speedups."""
+    """Series -> the job seconds of the smallest cluster, for speedups."""
     pace_range: float = 1.0
     """How far the machine's pace moved while its compute was measured (slowest over fastest step)."""
+    speeds: tuple[float, ...] = ()
+    """Each machine's speed against the profile's, in rank order (a plan of N nodes takes the first N); empty
+    when every machine is the profile's."""
 
     def speedup(self, prediction: Prediction) -> float:
-        return self.baseline[prediction.algorithm] / prediction.job_seconds
+        return self.baseline[prediction.label] / prediction.job_seconds
 
     def efficiency(self, prediction: Prediction, smallest: int) -> float:
         return self.speedup(prediction) * smallest / prediction.nodes
@@ -60,50 +69,72 @@ class Plan:
                                 for p in self.predictions],
                 "crossovers": {name: {str(n): rows for n, rows in found.items()}
                                for name, found in self.crossovers.items()},
-                "recommendation": self.recommendation, "pace_range": self.pace_range}
+                "recommendation": self.recommendation, "pace_range": self.pace_range,
+                "machine_speeds": list(self.speeds)}
 
 
 def usable(shape: Shape, layout: Layout) -> bool:
     """Whether the algorithm can run on this many workers (a server needs a trainer besides itself)."""
-    return trainers(shape, layout) >= max(1, shape.groups) and shape.rows // max(trainers(shape, layout), 1) > 0
+    return (trainers(shape, layout) >= max(1, group_count(shape, layout))
+            and shape.rows // max(trainers(shape, layout), 1) > 0)
 
 
-def make_plan(shapes: list[Shape], nodes: list[int], per_node: int, profile: Profile) -> Plan:
-    predictions = [predict(shape, Layout(count, per_node), profile.compute, profile.network)
-                   for shape in shapes for count in nodes if usable(shape, Layout(count, per_node))]
-    plan = Plan(predictions, pace_range=profile.compute.pace_range)
-    for algorithm in dict.fromkeys(p.algorithm for p in predictions):
-        own = [p for p in predictions if p.algorithm == algorithm]
-        plan.baseline[algorithm] = own[0].job_seconds
-        plan.crossovers[algorithm] = {later.nodes: crossover(earlier.line, later.line)
-                                 for earlier, later in zip(own, own[1:])}
+def first_machines(nodes: int, per_node: int, speeds: tuple[float, ...] = ()) -> Layout:
+    """The first `nodes` machines, `per_node` workers each, at their speeds when they differ."""
+    return Layout(nodes, per_node, tuple(speeds[:nodes]))
+
+
+def make_plan(shapes: list[Shape], nodes: list[int], per_node: int, profile: Profile,
+              speeds: tuple[float, ...] = ()) -> Plan:
+    """Every algorithm on every node count; with `speeds` (one per machine, at least max(nodes) of them), each
+    with equal shares and with speed shares."""
+    balances = ("equal", "speed") if speeds else ("equal",)
+    predictions = [predict(dataclasses.replace(shape, balance=balance), first_machines(count, per_node, speeds),
+                           profile.compute, profile.network)
+                   for shape in shapes for count in nodes if usable(shape, Layout(count, per_node))
+                   for balance in balances]
+    plan = Plan(predictions, pace_range=profile.compute.pace_range, speeds=tuple(speeds))
+    for series in dict.fromkeys(p.label for p in predictions):
+        own = [p for p in predictions if p.label == series]
+        plan.baseline[series] = own[0].job_seconds
+        plan.crossovers[series] = {later.nodes: crossover(earlier.line, later.line)
+                                   for earlier, later in zip(own, own[1:])}
     plan.recommendation = recommend(plan, shapes, per_node, profile)
     return plan
 
 
 def recommend(plan: Plan, shapes: list[Shape], per_node: int, profile: Profile) -> str:
-    """The smallest cluster within CLOSE_ENOUGH of the fastest job, its algorithm, and a batch size."""
+    """The smallest cluster within CLOSE_ENOUGH of the fastest job, its algorithm (and shares), and a batch size."""
     fastest = min(plan.predictions, key=lambda p: p.job_seconds)
     chosen = min((p for p in plan.predictions if p.job_seconds <= fastest.job_seconds * CLOSE_ENOUGH),
                  key=lambda p: (p.nodes, p.job_seconds))
-    shape = {name(s): s for s in shapes}[chosen.algorithm]
+    shape = dataclasses.replace({name(s): s for s in shapes}[chosen.algorithm], balance=chosen.balance or "equal")
     smallest = min(p.nodes for p in plan.predictions)
     if chosen.nodes != smallest:
         reason = f"{plan.speedup(chosen):.1f}x faster than {smallest} node(s)"
     else:
         reason = "more machines do not pay for this much data" if chosen is fastest else "the fewest machines"
     if chosen is not fastest:
-        reason += (f"; {fastest.nodes} node(s) with {fastest.algorithm} would save only "
+        reason += (f"; {fastest.nodes} node(s) with {shares_text(fastest)} would save only "
                    f"{1 - fastest.job_seconds / chosen.job_seconds:.0%} of the job's time")
     batch = shape.batch
     if chosen.communication_share > COMMUNICATION_BOUND:
-        batch = larger_batch(shape, Layout(chosen.nodes, per_node), profile) or batch
+        batch = larger_batch(shape, first_machines(chosen.nodes, per_node, plan.speeds), profile) or batch
         if batch != shape.batch:
             timed = max(profile.compute.step_seconds)
             beyond = f"; its step priced beyond batch {timed}, the largest timed" if batch > timed else ""
             reason += (f"; {chosen.communication_share:.0%} of its epoch is communication, batch {batch} "
                        f"brings it under {COMMUNICATION_BOUND:.0%} (check the accuracy{beyond})")
-    return f"{chosen.nodes} node(s) x {per_node} worker(s), {chosen.algorithm}, batch {batch}: {reason}"
+    return f"{chosen.nodes} node(s) x {per_node} worker(s), {shares_text(chosen)}, batch {batch}: {reason}"
+
+
+def shares_text(prediction: Prediction) -> str:
+    """`sync`; on machines of different speeds `sync with equal shares` or `sync with speed shares
+    (cluster.balance = "speed")`."""
+    if prediction.balance is None:
+        return prediction.algorithm
+    setting = ' (cluster.balance = "speed")' if prediction.balance == "speed" else ""
+    return f"{prediction.algorithm} with {prediction.balance} shares{setting}"
 
 
 def larger_batch(shape: Shape, layout: Layout, profile: Profile) -> int | None:

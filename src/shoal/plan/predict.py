@@ -7,6 +7,10 @@ message to the server and a reply every `sync_every` (or `period`) steps, the se
 queue its trainers share. An epoch is `steps x per-step cost + per-epoch cost`, so the same
 numbers give the table's epoch and the straight line in dataset size whose crossings are the
 cluster sizes worth paying for.
+
+Machines may differ (`Layout.speeds`): with equal shares the slowest trainer sets the epoch's pace
+(rows / trainers at its rate), with speed shares (cluster.balance = "speed") every trainer's share
+takes as long (rows over the sum of the rates); the communication is priced as on even machines.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from shoal.config import GROUP_BY_MACHINE
 from shoal.plan.costs import Line, closed_queue, hierarchical_all_reduce, ring_all_reduce
 from shoal.plan.profile import Compute, Network
 
@@ -37,17 +42,31 @@ class Shape:
     eval_every: int
     algorithm: str
     options: dict
-    groups: int = 1
+    groups: int | str = 1
+    """cluster.groups: a count, or "machine" (one group of each machine's workers)."""
+    balance: str = "equal"
+    """How the epoch's rows are shared among the trainers: "equal", or "speed" (in proportion to their speeds)."""
 
 
 @dataclass(frozen=True)
 class Layout:
     nodes: int
     per_node: int
+    speeds: tuple[float, ...] = ()
+    """Each machine's speed, node by node: its workers step that many times as fast as the profile's machine
+    (0.5: half as fast). Empty: every machine is the profile's, the slower host as the network probe timed it."""
+
+    def __post_init__(self) -> None:
+        if self.speeds and (len(self.speeds) != self.nodes or not all(speed > 0 for speed in self.speeds)):
+            raise ValueError(f"a layout of {self.nodes} node(s) needs as many speeds > 0, got {self.speeds!r}")
 
     @property
     def workers(self) -> int:
         return self.nodes * self.per_node
+
+    def worker_speeds(self) -> list[float]:
+        """Each worker's speed in rank order (ranks are placed machine by machine); 1 on even machines."""
+        return [speed for speed in self.speeds or (1.0,) * self.nodes for _ in range(self.per_node)]
 
 
 @dataclass(frozen=True)
@@ -93,10 +112,17 @@ class Prediction:
     line: Line
     """Job seconds against training rows (steps taken as rows / (trainers x batch)): crossings between
     cluster sizes."""
+    balance: str | None = None
+    """On machines of different speeds, how the rows were shared: "equal" or "speed"; None on even machines."""
 
     @property
     def communication_share(self) -> float:
         return self.communication_seconds / self.epoch_seconds if self.epoch_seconds > 0 else 0.0
+
+    @property
+    def label(self) -> str:
+        """The algorithm, and on machines of different speeds how the rows were shared: a series of the plan."""
+        return self.algorithm if self.balance is None else f"{self.algorithm}, {self.balance} shares"
 
 
 def epoch_steps(shape: Shape, layout: Layout) -> int:
@@ -104,11 +130,17 @@ def epoch_steps(shape: Shape, layout: Layout) -> int:
     return math.ceil((shape.rows // trainers(shape, layout)) / shape.batch)
 
 
+def group_count(shape: Shape, layout: Layout) -> int:
+    """The training workers' groups: cluster.groups, or one per machine."""
+    return layout.nodes if shape.groups == GROUP_BY_MACHINE else shape.groups
+
+
 def trainers(shape: Shape, layout: Layout) -> int:
     """Ranks that train: all of them, less a parameter server and its sub-masters."""
     if not is_server(shape):
         return layout.workers
-    return layout.workers - 1 - (shape.groups if shape.groups > 1 else 0)
+    groups = group_count(shape, layout)
+    return layout.workers - 1 - (groups if groups > 1 else 0)
 
 
 def is_server(shape: Shape) -> bool:
@@ -127,6 +159,23 @@ def spread(compute: Compute, workers: int, steps: int = 1) -> float:
 
 def _expected_maximum(draws: int) -> float:
     return statistics.NormalDist().inv_cdf((draws - 0.375) / (draws + 0.25))
+
+
+def trainer_speeds(shape: Shape, layout: Layout) -> list[float]:
+    """The speeds of the ranks that train: a server and its sub-masters are the first ranks, on the first
+    machine."""
+    speeds = layout.worker_speeds()
+    return speeds[len(speeds) - trainers(shape, layout):]
+
+
+def machine_pace(shape: Shape, layout: Layout, network: Network) -> float:
+    """How many times a step on the profile's machine the trainers' epoch of compute takes: with equal shares
+    the slowest trainer's pace; with speed shares each trainer's share takes rows over the sum of the rates, so
+    the mean speed's. On even machines, the slower host as the network probe timed them side by side."""
+    if not layout.speeds:
+        return network.slowest_host if layout.nodes > 1 else 1.0
+    speeds = trainer_speeds(shape, layout)
+    return len(speeds) / sum(speeds) if shape.balance == "speed" else 1 / min(speeds)
 
 
 def slowest_pace(pace_range: float, workers: int) -> float:
@@ -187,7 +236,7 @@ def _rounds(shape: Shape, layout: Layout, compute: Compute, network: Network, va
     sent = ring_all_reduce(size, layout.workers).bytes_sent
     period, group_period = shape.options.get("period", "epoch"), shape.options.get("group_period")
     if group_period is not None:
-        inside = Layout(1, max(1, layout.workers // max(1, shape.groups)))
+        inside = Layout(1, max(1, layout.workers // max(1, group_count(shape, layout))))
         group_round = ring(size, inside, network) if layout.per_node >= inside.per_node else round_seconds
         wait = spread(compute, inside.per_node, group_period)
         step += (round_copies + compute.resume(group_round + wait)) / group_period
@@ -265,15 +314,24 @@ def algorithm_costs(shape: Shape, layout: Layout, compute: Compute, network: Net
     return pricing[shape.algorithm](shape, layout, compute, network)
 
 
+def pace(shape: Shape, layout: Layout, compute: Compute, network: Network) -> float:
+    """How many times its measured step a trainer's step takes in this cluster: the slowest machine's pace (or
+    speed shares' mean), or the slowest of the workers that wait for one another when each one's pace moves on
+    its own. On machines of given speeds, that movement comes on top of each one's speed; a machine's speed
+    scales its steps, not its copies or a server's updates."""
+    moving = 1.0 if is_server(shape) else slowest_pace(compute.pace_range, trainers(shape, layout))
+    machines = machine_pace(shape, layout, network)
+    return machines * moving if layout.speeds else max(machines, moving)
+
+
 def predict(shape: Shape, layout: Layout, compute: Compute, network: Network) -> Prediction:
     """Seconds per epoch (the slowest trainer's, as `epoch_end` records it) and for the whole job."""
     count = trainers(shape, layout)
-    # the slowest machine sets the pace: the slower host as measured, or the slowest of the workers that wait for
-    # one another when each one's pace moves on its own
-    pace = max(network.slowest_host if layout.nodes > 1 else 1.0,
-               1.0 if is_server(shape) else slowest_pace(compute.pace_range, count))
-    if pace > 1.0:
-        compute = dataclasses.replace(compute, step_seconds={batch: seconds * pace
+    factor = pace(shape, layout, compute, network)
+    # rank 0, which evaluates, runs on the first machine
+    evaluate_seconds_per_row = compute.evaluate_seconds_per_row / (layout.speeds[0] if layout.speeds else 1.0)
+    if factor != 1.0:
+        compute = dataclasses.replace(compute, step_seconds={batch: seconds * factor
                                                              for batch, seconds in compute.step_seconds.items()})
     costs = algorithm_costs(shape, layout, compute, network)
     steps = epoch_steps(shape, layout)
@@ -281,7 +339,7 @@ def predict(shape: Shape, layout: Layout, compute: Compute, network: Network) ->
     communication = steps * costs.communication + costs.rounds(steps) * costs.round + costs.epoch_communication
     epoch = compute_seconds + communication
     evaluations = len([e for e in range(1, shape.epochs + 1) if e % shape.eval_every == 0 or e == shape.epochs])
-    evaluation = shape.test_rows * compute.evaluate_seconds_per_row
+    evaluation = shape.test_rows * evaluate_seconds_per_row  # on rank 0, the first machine
     joining = RENDEZVOUS_MESSAGES * network.across.latency * layout.nodes * (layout.nodes > 1)
     startup = compute.startup_seconds + compute.startup_per_node * layout.nodes + joining
     load = (shape.rows / count) / compute.load_rows_per_second
@@ -293,7 +351,8 @@ def predict(shape: Shape, layout: Layout, compute: Compute, network: Network) ->
                       evaluation_seconds=evaluation if shape.test_rows else 0.0, startup_seconds=startup,
                       load_seconds=load, job_seconds=startup + load + shape.epochs * epoch + evaluations * evaluation,
                       bytes_per_epoch=costs.rounds(steps) * costs.round_bytes + costs.epoch_bytes,
-                      staleness=costs.staleness, line=Line(fixed, per_row))
+                      staleness=costs.staleness, line=Line(fixed, per_row),
+                      balance=shape.balance if layout.speeds else None)
 
 
 def name(shape: Shape) -> str:

@@ -1,4 +1,7 @@
-"""A plan as the terminal shows it (one table, crossovers, the recommendation) and as curves in a PNG."""
+"""A plan as the terminal shows it (one table, crossovers, the recommendation) and as curves in a PNG.
+
+On machines of different speeds the table gains a `shares` column: each algorithm on each node count
+twice, with equal shares (the slowest machine sets the pace) and with speed shares."""
 
 from __future__ import annotations
 
@@ -34,13 +37,19 @@ def render(plan: Plan, profile: Profile, per_node: int) -> str:
                      "measured; epochs will move as much (plan from profiles saved apart: --profile repeated)")
     if per_node > 1:
         lines.append(f"loopback: {'measured' if network.inside.points else 'assumed'}: {link_text(network.inside)}")
+    if plan.speeds:
+        lines.append(f"machines: {machines_text(plan.speeds)} (each one's speed against the profile's machine, "
+                     "in rank order: N nodes are the first N)")
     lines.append("")
-    header = ["nodes", "workers", "algorithm", "epoch", "job", "speedup", "efficiency", "comm.", "staleness"]
+    shares = ["shares"] if plan.speeds else []
+    header = ["nodes", "workers", "algorithm", *shares, "epoch", "job", "speedup", "efficiency", "comm.",
+              "staleness"]
     smallest = min(p.nodes for p in plan.predictions)
-    rows = [[str(p.nodes), str(p.workers), p.algorithm, seconds_text(p.epoch_seconds), seconds_text(p.job_seconds),
-             f"{plan.speedup(p):.2f}x", f"{plan.efficiency(p, smallest):.0%}", f"{p.communication_share:.0%}",
+    rows = [[str(p.nodes), str(p.workers), p.algorithm, *([p.balance] if shares else []),
+             seconds_text(p.epoch_seconds), seconds_text(p.job_seconds), f"{plan.speedup(p):.2f}x",
+             f"{plan.efficiency(p, smallest):.0%}", f"{p.communication_share:.0%}",
              "" if p.staleness is None else f"{p.staleness:.1f}"] for p in plan.predictions]
-    lines += _table(header, rows)
+    lines += _table(header, rows, text_columns=(2, 3) if shares else (2,))
     lines += ["", "rows from which each node count beats the one before it (job time):"]
     for algorithm, found in plan.crossovers.items():
         if found:
@@ -50,9 +59,21 @@ def render(plan: Plan, profile: Profile, per_node: int) -> str:
     return "\n".join(lines)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def machines_text(speeds: tuple[float, ...]) -> str:
+    """`2 x 1.00, 1 x 0.50`: the machines' speeds, runs of one speed counted."""
+    runs: list[list] = []
+    for speed in speeds:
+        if runs and runs[-1][1] == speed:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, speed])
+    return ", ".join(f"{count} x {speed:.2f}" for count, speed in runs)
+
+
+def _table(header: list[str], rows: list[list[str]], text_columns: tuple[int, ...] = (2,)) -> list[str]:
+    """Numbers right-aligned, the `text_columns` left-aligned."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    return ["  ".join(cell.rjust(width) if i != 2 else cell.ljust(width) for i, (cell, width) in
+    return ["  ".join(cell.ljust(width) if i in text_columns else cell.rjust(width) for i, (cell, width) in
                       enumerate(zip(row, widths))).rstrip() for row in [header, *rows]]
 
 
@@ -62,14 +83,14 @@ def plot(plan: Plan, path: Path) -> Path:
 
     figure = Figure(figsize=(11, 4.2), layout="constrained")
     by_nodes, by_rows = figure.subplots(1, 2)
-    for algorithm in plan.crossovers:
-        own = [p for p in plan.predictions if p.algorithm == algorithm]
-        by_nodes.plot([p.nodes for p in own], [p.job_seconds for p in own], marker="o", label=algorithm)
+    for series in plan.crossovers:
+        own = [p for p in plan.predictions if p.label == series]
+        by_nodes.plot([p.nodes for p in own], [p.job_seconds for p in own], marker="o", label=series)
     by_nodes.set(xscale="log", yscale="log", xlabel="nodes", ylabel="predicted job seconds",
                  title="job time against cluster size")
     by_nodes.legend()
     first = next(iter(plan.crossovers))
-    own = [p for p in plan.predictions if p.algorithm == first]
+    own = [p for p in plan.predictions if p.label == first]
     sizes = [own[0].rows * factor for factor in (0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100)]
     for prediction in own:
         by_rows.plot(sizes, [prediction.line.at(rows) for rows in sizes], label=f"{prediction.nodes} node(s)")

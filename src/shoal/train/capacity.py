@@ -1,11 +1,12 @@
 """`--workers auto`: as many workers as this machine has cores for and memory to hold (cNeural's k).
 
 k = min(cores / threads per worker, what fits in the memory available now), at least 1, decided
-on each machine for itself. A worker's memory is `cluster.memory_per_worker` when given; else
-torch's own footprint in a worker process plus its share of the training set as it sits in
-memory (features in their stored dtype, as the loader keeps them: uint8 images take a byte per
-feature, converted to float per batch; and labels; no more than data.memory_per_worker, past which a
-worker trains from a disk cache in sub-partitions).
+on each machine for itself (machines may run different counts; each takes its share of the data
+to be 1/nodes, as if the others ran as many as it does). A worker's memory is
+`cluster.memory_per_worker` when given; else torch's own footprint in a worker process plus its
+share of the training set as it sits in memory (features in their stored dtype, as the loader
+keeps them: uint8 images take a byte per feature, converted to float per batch; and labels; no
+more than data.memory_per_worker, past which a worker trains from a disk cache in sub-partitions).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ LABEL_BYTES = 8
 
 def auto_workers(job: JobConfig, nodes: int = 1, available: int | None = None, core_count: int | None = None
                  ) -> tuple[int, str]:
-    """This machine's worker count for the job on `nodes` machines, and the reason in words."""
+    """This machine's worker count for the job on `nodes` machines, and the reason in words (which says,
+    across machines, that the others are taken to run as many)."""
     available = psutil.virtual_memory().available if available is None else available
     core_count = cores() if core_count is None else core_count
     by_cores = max(core_count // max(job.cluster.threads, 1), 1)
@@ -35,6 +37,8 @@ def auto_workers(job: JobConfig, nodes: int = 1, available: int | None = None, c
     limit = "cores" if count == by_cores else "memory"
     reason = (f"{count} worker(s): {core_count} cores, {available / 2**30:.1f} GiB available, "
               f"{needed / count / 2**30:.2f} GiB each ({limit} decide)")
+    if nodes > 1:  # each machine answers for itself, not knowing what the others will run
+        reason += f"; its share of the data assumes the other {nodes - 1} machine(s) run as many"
     return count, reason
 
 

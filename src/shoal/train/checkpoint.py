@@ -358,6 +358,7 @@ def fingerprint(job, spec: dict, train_set: Dataset, world_size: int) -> dict:
     return {
         "cluster.workers": world_size,
         "cluster.groups": job.cluster.groups,
+        "cluster.balance": job.cluster.balance,  # the checkpoint's shares mean nothing to another balance
         "algorithm": {"name": job.algorithm.name, **job.algorithm.options},
         "model": spec,
         "train.optimizer.name": job.train.optimizer["name"],  # its state does not carry over to another

@@ -35,6 +35,7 @@ from shoal.events import (
     read_history,
 )
 from shoal.train.artifacts import save_model
+from shoal.train.balancer import rate
 from shoal.train.loggers import Loggers, open_loggers
 from shoal.train.loop import EpochStats
 from shoal.train.objective import evaluate, metric_names
@@ -62,6 +63,7 @@ class Coordinator:
         self.validator: Validator | None = None
         self.test_rows = self.convert = None
         self.final: dict = {}  # the latest test metrics
+        self.epoch = self.epoch_steps = 0  # the epoch in progress, and rank 0's steps in it
         self.last_record = time.monotonic()
 
     def load_test_set(self) -> None:
@@ -90,24 +92,27 @@ class Coordinator:
                                                 self.events, algorithm)
         self.last_record = time.monotonic()
 
-    def epoch_begins(self, epoch: int) -> None:
-        self.progress.start_epoch(epoch)
+    def epoch_begins(self, epoch: int, steps: int) -> None:
+        """Epoch `epoch` starts; rank 0 runs `steps` steps in it (or serves for as many nominal steps)."""
+        self.epoch, self.epoch_steps = epoch, steps
+        self.progress.start_epoch(epoch, steps)
 
-    def after_step(self, epoch: int, step: int, steps_per_epoch: int, loss: float) -> None:
+    def after_step(self, epoch: int, step: int, step_in_epoch: int, loss: float) -> None:
         """The bar, background validation, and a `progress` record every PROGRESS_SECONDS."""
         self.progress.step(loss)
         self.offer(step)
         if time.monotonic() - self.last_record >= PROGRESS_SECONDS:
             self.last_record = time.monotonic()
-            self.events.write(Progress(epoch=epoch + 1, step=step, step_in_epoch=step - epoch * steps_per_epoch,
-                                       steps_per_epoch=steps_per_epoch, loss=loss))
+            self.events.write(Progress(epoch=epoch + 1, step=step, step_in_epoch=step_in_epoch,
+                                       steps_per_epoch=self.epoch_steps, loss=loss))
 
-    def served(self, version: int, updates_per_epoch: int, steps_per_epoch: int) -> None:
-        """On a parameter server: a `progress` record every PROGRESS_SECONDS, so a live job is never silent."""
+    def served(self, applied: int, updates_per_epoch: int, steps_per_epoch: int) -> None:
+        """On a parameter server, after the epoch's `applied`-th update: a `progress` record every
+        PROGRESS_SECONDS, so a live job is never silent."""
         if not updates_per_epoch or time.monotonic() - self.last_record < PROGRESS_SECONDS:
             return
         self.last_record = time.monotonic()
-        epoch, done = divmod(version - 1, updates_per_epoch)  # every epoch applies as many updates
+        epoch, done = self.epoch, min(applied, updates_per_epoch) - 1
         in_epoch = (done + 1) * steps_per_epoch // updates_per_epoch
         self.events.write(Progress(epoch=epoch + 1, step=epoch * steps_per_epoch + in_epoch,
                                    step_in_epoch=in_epoch, steps_per_epoch=steps_per_epoch))
@@ -126,7 +131,7 @@ class Coordinator:
         return metrics, time.perf_counter() - began
 
     def end_epoch(self, epoch: int, step: int, per_rank: list[EpochStats], ranks: list[int], hosts: list[str],
-                  algorithm: Algorithm) -> EpochEnd:
+                  algorithm: Algorithm, shares: Shares | None = None) -> EpochEnd:
         """Evaluate when due, then write the epoch's record; the record."""
         last = epoch + 1 == self.job.train.epochs
         test, evaluation_seconds = {}, 0.0
@@ -134,6 +139,9 @@ class Coordinator:
             test, evaluation_seconds = self.evaluate(algorithm)
         record = epoch_record(epoch, step, per_rank, ranks, hosts, test, evaluation_seconds)
         record.algorithm = algorithm.epoch_report() or None
+        if shares is not None:
+            record.balance = shares.mode
+            record.next_shares = list(shares.moved) if shares.moved else None
         self.events.write(record)
         self.progress.end_epoch(epoch, record)
         return record
@@ -162,6 +170,15 @@ class Coordinator:
             self.loggers.close()
 
 
+@dataclasses.dataclass
+class Shares:
+    """How the epoch's rows were shared: cluster.balance's mode, each trainer's rows, the next epoch's if moved."""
+
+    mode: str
+    rows: tuple[int, ...]
+    moved: tuple[int, ...] | None = None
+
+
 def epoch_record(epoch: int, step: int, per_rank: list[EpochStats], ranks: list[int], hosts: list[str], test: dict,
                  evaluation_seconds: float) -> EpochEnd:
     """The `epoch_end` event: totals over the training ranks, the mean time split, and each worker's rate."""
@@ -173,7 +190,8 @@ def epoch_record(epoch: int, step: int, per_rank: list[EpochStats], ranks: list[
                          data=sum(s.data for s in per_rank) / count, evaluation=evaluation_seconds)
     workers = [WorkerEpoch(rank=rank, host=host, rows=int(s.rows), seconds=s.seconds,
                            steps_per_second=s.steps / s.seconds if s.seconds > 0 else 0.0,
-                           compute=s.compute, communication=s.communication, data=s.data)
+                           compute=s.compute, communication=s.communication, data=s.data, rate=rate(s),
+                           share=s.rows / rows if rows else 0.0)
                for rank, host, s in zip(ranks, hosts, per_rank)]
     return EpochEnd(epoch=epoch + 1, step=step, train_loss=sum(s.loss_sum for s in per_rank) / rows, test=test,
                     samples=int(rows), seconds=seconds, samples_per_second=rows / seconds if seconds > 0 else 0.0,

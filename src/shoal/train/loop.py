@@ -16,7 +16,9 @@ from dataclasses import astuple, dataclass
 import torch
 
 from shoal.algorithms.base import Algorithm
+from shoal.algorithms.collective import CollectiveAlgorithm
 from shoal.cluster.collectives import Communicator
+from shoal.data.balance import nominal_crossed
 from shoal.data.loader import ShardLoader
 from shoal.errors import ShoalError
 from shoal.train.objective import Objective
@@ -38,6 +40,8 @@ class EpochStats:
     data: float = 0.0
     steps: float = 0.0
     seconds: float = 0.0
+    reading: float = 0.0
+    """Of `data`: re-reading rows for a share that moved at the epoch's start (not the worker's pace)."""
 
     def as_tensor(self) -> torch.Tensor:
         return torch.tensor(astuple(self), dtype=torch.float64)
@@ -66,6 +70,7 @@ class Trainer:
         self.on_step = on_step  # called with the step's loss (the progress bar)
         self.global_step = 0  # steps taken, across epochs
         self.epoch = 0  # the epoch in progress (or last run), from 0
+        self.step_in_epoch = 0  # steps taken in it
         self.synchronize = (lambda: torch.cuda.synchronize()) if loader.device.type == "cuda" else (lambda: None)
         self.autocast = (functools.partial(torch.autocast, loader.device.type, dtype=torch.bfloat16)
                          if precision == "bf16" else contextlib.nullcontext)  # fp32 steps enter nothing
@@ -92,6 +97,7 @@ class Trainer:
             stats.rows += len(inputs)
             stats.loss_sum += value * len(inputs)
             stats.steps += 1
+            self.step_in_epoch = step_in_epoch + 1
             if self.on_step is not None:
                 self.on_step(value)
         self.algorithm.end_epoch(epoch)
@@ -114,8 +120,20 @@ class Trainer:
         done = step_in_epoch + 1
         if not self.accumulate or done % self.accumulate == 0 or done == self.loader.steps:  # groups end with epochs
             self.update()
-        self.algorithm.after_step(self.global_step)
+        for step in self.algorithm_steps(step_in_epoch):
+            self.algorithm.after_step(step)
         return loss.item()  # also waits for the device, so the step's timing is honest
+
+    def algorithm_steps(self, step_in_epoch: int) -> range:
+        """The steps the algorithm is told of after this batch: the global step, or, where a collective
+        algorithm's workers run their own step counts (speed shares), the nominal steps this batch completes,
+        so every worker enters each round (and none twice) whatever its share."""
+        plan = self.loader.plan
+        if plan.equal or self.algorithm.same_steps() or not isinstance(self.algorithm, CollectiveAlgorithm):
+            return range(self.global_step, self.global_step + 1)
+        first = self.epoch * plan.nominal
+        crossed = nominal_crossed(step_in_epoch + 1, self.loader.steps, plan.nominal)
+        return range(first + crossed.start, first + crossed.stop)
 
     def update(self) -> None:
         """The group's mean gradient, exchanged, clipped and applied; the schedule moves on."""

@@ -256,9 +256,26 @@ def check_world_size(job: JobConfig, world_size: int, train_set: Dataset, algori
     if train_set.rows < trainers:
         raise ConfigError(f"data.train: {train_set.path} has {train_set.rows:,} rows, fewer than the {trainers} "
                           "training workers")
+    speeds = job.cluster.balance
+    if isinstance(speeds, list) and len(speeds) != trainers:
+        raise ConfigError(f"cluster.balance: {len(speeds)} speeds given for {trainers} training workers; give one "
+                          "per training worker, in rank order")
     largest = -(-train_set.rows // trainers)
-    plan_memory(largest, train_set.features * train_set.feature_dtype.itemsize, job.train.batch_size,
-                job.data.memory_budget)
+    row_bytes = train_set.features * train_set.feature_dtype.itemsize
+    plan_memory(largest, row_bytes, job.train.batch_size, job.data.memory_budget)
+    if job.cluster.balance != "equal" and trainers > 1:
+        check_moved_share(job, train_set.rows, row_bytes, trainers * job.train.batch_size)
+
+
+def check_moved_share(job: JobConfig, rows: int, row_bytes: int, batch: int) -> None:
+    """Shares sized by speed may give one worker nearly every row (and, where all take the same steps, nearly
+    the global batch): the memory budget must hold that share's labels and sub-partitions, or a job would
+    fail at an epoch's end when its shares move."""
+    try:
+        plan_memory(rows, row_bytes, batch, job.data.memory_budget)
+    except ConfigError as error:
+        raise ConfigError(f"cluster.balance: {job.cluster.balance!r} may give one worker up to all {rows:,} rows, "
+                          f"and {first_line(error)}") from None
 
 
 def prepare(job: JobConfig, memory_checked: bool = False, run_dir=None) -> Prepared:

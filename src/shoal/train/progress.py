@@ -24,7 +24,9 @@ class ProgressDisplay:
         self.epochs, self.steps = epochs, steps
         self.bar: tqdm | None = None
 
-    def start_epoch(self, epoch: int) -> None:
+    def start_epoch(self, epoch: int, steps: int | None = None) -> None:
+        """`steps`: this epoch's steps on rank 0, when shares sized by speed make them differ from the job's."""
+        self.steps = steps or self.steps
         if self.mode == "bar":
             self.bar = tqdm(total=self.steps, desc=f"epoch {epoch + 1}/{self.epochs}", unit="step",
                             file=self.stream, leave=True, dynamic_ncols=True)

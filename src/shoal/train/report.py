@@ -2,7 +2,8 @@
 
 Like `shoal status`, it reads only `events.jsonl`, so it can be made for any run, anywhere,
 at any time. The plots show what the literature shows for these systems: loss and accuracy
-per epoch, where each epoch's time went (cNeural's Fig. 8), and each worker's pace.
+per epoch, where each epoch's time went (cNeural's Fig. 8), and each worker's pace (with each
+machine's rows per second and share of the rows, on machines of different speeds).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from shoal.events import (
     SPLIT_PARTS,
@@ -27,6 +28,7 @@ from shoal.events import (
     read_history,
 )
 from shoal.safe_files import new_temporary, refuse_link
+from shoal.train.status import balance_text, machine_paces, worker_paces
 
 REPORT_FILE = "report.md"
 LOSS = "loss"
@@ -123,8 +125,11 @@ def plot_time_split(epochs: list[EpochEnd]) -> Figure:
 
 
 def plot_workers(epochs: list[EpochEnd]) -> Figure:
-    """Each worker's steps per second per epoch: a straggler is the line below the others."""
-    figure, (ax,) = new_figure()
+    """Each worker's steps per second per epoch: a straggler is the line below the others. Where the records
+    hold rates and shares, two more panels: each machine's rows per second and its share of the rows."""
+    machines = machine_epochs(epochs) if shows_machines(epochs) else {}
+    figure, axes = new_figure(3 if machines else 1)
+    ax = axes[0]
     ranks = sorted({worker.rank for record in epochs for worker in record.workers})
     for rank in ranks:
         points = [(record.epoch, worker.steps_per_second) for record in epochs
@@ -134,14 +139,32 @@ def plot_workers(epochs: list[EpochEnd]) -> Figure:
                 label=f"rank {rank} ({host})")
     ax.set_ylabel("steps per second")
     ax.set_title("worker pace")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), ncols=1 + len(ranks) // 16, fontsize="small")
+    if ranks:  # a record without workers draws none
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), ncols=1 + len(ranks) // 16, fontsize="small")
+    if machines:
+        plot_machines(machines, axes[1], axes[2])
     return figure
+
+
+def plot_machines(machines: dict[str, list[tuple[int, float | None, float | None]]], rates, shares) -> None:
+    """Each machine's rows per second and share of the rows per epoch (an unknown figure is left out)."""
+    for host, points in machines.items():
+        for ax, column in ((rates, 1), (shares, 2)):
+            known_points = [(point[0], point[column]) for point in points if point[column] is not None]
+            ax.plot([epoch for epoch, _ in known_points], [value for _, value in known_points], marker="o",
+                    label=host)
+    rates.set_ylabel("rows per second (own work)")
+    rates.set_title("machine rate")
+    shares.set_ylabel("share of the rows")
+    shares.set_title("machine share")
+    shares.yaxis.set_major_formatter(PercentFormatter(1.0))
+    shares.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), ncols=1 + len(machines) // 16, fontsize="small")
 
 
 PLOTS = (
     ("loss.png", plot_loss, "loss and test metrics per epoch"),
     ("time_split.png", plot_time_split, "where each epoch's time went"),
-    ("workers.png", plot_workers, "steps per second of each worker"),
+    ("workers.png", plot_workers, "steps per second of each worker (and each machine's rate and share)"),
 )
 
 
@@ -168,6 +191,8 @@ def markdown(run_dir: Path, history: History, images: list[tuple[str, str]]) -> 
     lines = [f"# shoal report: {start.job or run_dir.name}", "", outcome(history), ""]
     lines += ["## Job", "", *table(["", ""], job_rows(run_dir, start, history.last(DataLoaded))), ""]
     lines += ["## Epochs", "", *epoch_table(epochs)]
+    if shows_machines(epochs):
+        lines += ["## Machines", "", *machine_table(epochs)]
     lines += ["## Restarts and failures", "", *(incidents(history) or ["None."])]
     checkpoints = history.of(Checkpoint)
     if checkpoints:
@@ -230,6 +255,75 @@ def epoch_table(epochs: list[EpochEnd]) -> list[str]:
                  *(f"{total:.2f}" for total in totals), f"{seconds:.2f}"])
     return [*table(header, rows), "", f"{samples:,} samples trained in {seconds:.2f} s of epochs. The split is the "
             "mean over workers; evaluation runs on the coordinator while the others wait.", ""]
+
+
+def shows_machines(epochs: list[EpochEnd]) -> bool:
+    """Whether the records hold each worker's rate and share (a run written before shares could follow speed
+    has neither), with more than one worker or shares that are not equal: as `shoal status` shows them."""
+    recorded = [record for record in epochs if record.balance is not None]
+    return any(len(record.workers) > 1 or (record.workers and record.balance != "equal") for record in recorded)
+
+
+def machine_epochs(epochs: list[EpochEnd]) -> dict[str, list[tuple[int, float | None, float | None]]]:
+    """Host -> (epoch, its rows per second, its share of the rows) for every epoch whose record holds them."""
+    found: dict[str, list[tuple[int, float | None, float | None]]] = {}
+    for record in epochs:
+        if record.balance is None:
+            continue
+        for machine in machine_paces(worker_paces(record)):
+            found.setdefault(machine.host, []).append((record.epoch, machine.rate, machine.share))
+    return found
+
+
+def machine_table(epochs: list[EpochEnd]) -> list[str]:
+    """Per machine: its ranks, its mean rate, its share of the rows in the first and the last epoch; then
+    how the rows were shared and, with speed shares, after which epochs they moved."""
+    recorded = [record for record in epochs if record.balance is not None]
+    first, last = recorded[0].epoch, recorded[-1].epoch
+    ranks: dict[str, list[int]] = {}
+    for record in recorded:
+        for worker in record.workers:
+            ranks.setdefault(worker.host, [])
+            if worker.rank not in ranks[worker.host]:
+                ranks[worker.host].append(worker.rank)
+    shares_at = [first] if first == last else [first, last]
+    header = ["machine", "ranks", "mean rows/s", *(f"share, epoch {epoch}" for epoch in shares_at)]
+    rows = []
+    for host, points in machine_epochs(recorded).items():
+        rates = [rate for _, rate, _ in points if rate is not None]
+        shares = {epoch: share for epoch, _, share in points}
+        rows.append([host, ", ".join(map(str, sorted(ranks[host]))),
+                     f"{sum(rates) / len(rates):,.0f}" if rates else "-",
+                     *(percent(shares.get(epoch)) for epoch in shares_at)])
+    return [*table(header, rows), "", *balance_lines(recorded), ""]
+
+
+def percent(share: float | None) -> str:
+    return "-" if share is None else f"{share:.1%}"
+
+
+def balance_lines(recorded: list[EpochEnd]) -> list[str]:
+    """How the rows were shared (cluster.balance), the speed shares' moves, and what the rates are."""
+    modes = list(dict.fromkeys(record.balance for record in recorded))
+    shared = "; then ".join(mode if mode != "fixed" else balance_text(mode, []) for mode in modes)
+    lines = [f"Rows shared (cluster.balance): {shared}."]
+    if "speed" in modes:
+        moves = [f"epoch {record.epoch} (to {next_rows(record)})" for record in recorded if record.next_shares]
+        lines.append(f"Speed shares moved after {', '.join(moves) if moves else 'no epoch'}.")
+    lines.append("A machine's rate is its workers' rows per second of their own work (compute and data, not "
+                 "waits for the others), summed: what speed shares follow.")
+    return lines
+
+
+def next_rows(record: EpochEnd) -> str:
+    """The next epoch's rows per machine (`host-a 1,500, host-b 900 rows`); per worker when the record's
+    workers do not match its shares one for one."""
+    if len(record.next_shares) != len(record.workers):
+        return " / ".join(f"{rows:,}" for rows in record.next_shares) + " rows per worker"
+    hosts: dict[str, int] = {}
+    for worker, rows in zip(record.workers, record.next_shares):
+        hosts[worker.host] = hosts.get(worker.host, 0) + rows
+    return ", ".join(f"{host} {rows:,}" for host, rows in hosts.items()) + " rows"
 
 
 def incidents(history: History) -> list[str]:

@@ -16,16 +16,17 @@ import numpy as np
 import torch
 
 from shoal.algorithms import Role, ServerAlgorithm, make_algorithm, role, trainer_ranks
+from shoal.algorithms.groups import machine_groups
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import DistInfo, choose_device
 from shoal.cluster.environments import named
 from shoal.cluster.heartbeat import Heartbeat, liveness_store, silence
 from shoal.cluster.requeue import EpochEndStop, StopRequested
-from shoal.config import JobConfig
+from shoal.config import GROUP_BY_MACHINE, JobConfig
 from shoal.data.loader import ShardLoader
-from shoal.data.partition import steps_per_epoch
 from shoal.errors import first_line
 from shoal.events import JobStart, WorkerMemory
+from shoal.train.balancer import Balancer
 from shoal.train.checkpoint import (
     Checkpointer,
     agree_on_latest,
@@ -35,7 +36,7 @@ from shoal.train.checkpoint import (
     latest_test,
     load_rank,
 )
-from shoal.train.coordinator import Coordinator
+from shoal.train.coordinator import Coordinator, Shares
 from shoal.train.epoch_loops import Serving, Training
 from shoal.train.loop import EpochStats, Trainer
 from shoal.train.memory import current_rss, peak_rss
@@ -95,23 +96,29 @@ class Runner:
         job, info = self.job, self.info
         self.device = choose_device(job.cluster.device, info)
         self.comm = self.comm or Communicator(info.rank, info.world_size, device=self.device)
+        self.hosts = self.comm.all_gather_object(info.host)
         # a launcher that checked its memory first (shoal's)
         self.prepared = prepare(job, memory_checked=named(info.launcher).checks_memory, run_dir=self.run_dir)
         seed_everything(job.train.seed)  # identical initial weights on every rank
         self.model = allocate_model(self.prepared.spec, self.run_dir).to(self.device)
         self.optimizer = make_optimizer(job.train.optimizer, self.model.parameters())
         self.schedule = make_schedule(job.train.scheduler, self.optimizer)
-        self.algorithm = make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups)
+        groups = machine_groups(self.hosts) if job.cluster.groups == GROUP_BY_MACHINE else job.cluster.groups
+        self.algorithm = make_algorithm(job.algorithm.name, job.algorithm.options, groups)
         check_world_size(job, info.world_size, self.prepared.train_set, self.algorithm)
         self.trainers = trainer_ranks(self.algorithm, info.world_size)
         self.role = role(self.algorithm, info.rank, info.world_size)
-        self.steps = steps_per_epoch(self.prepared.train_set.rows, len(self.trainers), job.train.batch_size)
+        self.balancer = Balancer(job.cluster.balance, self.prepared.train_set.rows, len(self.trainers),
+                                 job.train.batch_size, self.algorithm.same_steps())
+        self.algorithm.weigh_by_rows = self.balancer.mode != "equal"
+        self.plan = self.balancer.plan  # the plan the loader and the algorithm follow now
+        self.steps = self.plan.nominal
         self.heartbeat = Heartbeat(liveness_store(info), info.rank, info.world_size, info.host)
         if info.rank == 0:
             self.coordinator = Coordinator(job, self.run_dir, self.prepared, self.model, self.device)
         if isinstance(self.algorithm, ServerAlgorithm):
             self.algorithm.setup(self.model, self.optimizer, self.comm, on_update=self.after_update)
-            self.algorithm.plan(self.steps)
+            self.algorithm.plan(self.trainer_steps())
         else:
             self.algorithm.setup(self.model, self.optimizer, self.comm)
         # every rank knows whether a stop may come; only rank 0 judges
@@ -135,10 +142,6 @@ class Runner:
             self.epoch_loop = Training(trainer)
         else:
             self.epoch_loop = Serving(self.algorithm, self.steps)
-        self.hosts = self.comm.all_gather_object(self.info.host)
-        seconds = self.loader.load_seconds if self.loader else 0.0
-        self.load_seconds = self.comm.all_gather(torch.tensor([seconds], dtype=torch.float64))[:, 0].tolist()
-        self.holdings = self.comm.all_gather_object(self.loader.describe() if self.loader else {"mode": "serves"})
         if self.coordinator is not None:
             self.coordinator.load_test_set()
 
@@ -148,13 +151,26 @@ class Runner:
             prepared.train_set, rank=self.trainers.index(self.info.rank), world_size=len(self.trainers),
             batch_size=job.train.batch_size, seed=job.train.seed, shuffle=job.train.shuffle,
             device=self.device, label_dtype=prepared.objective.label_dtype, sample_shape=prepared.spec["input"],
-            memory_budget=job.data.memory_budget, cache_dir=job.data.cache_dir,
+            memory_budget=job.data.memory_budget, cache_dir=job.data.cache_dir, plan=self.plan,
         )
+
+    def trainer_steps(self) -> dict[int, int]:
+        """Each training rank's steps this epoch (a parameter server serves until all their updates came)."""
+        return dict(zip(self.trainers, self.plan.steps))
+
+    def follow_plan(self) -> float:
+        """Take up the balancer's plan when it moved (at an epoch's start): the seconds re-reading rows took."""
+        if self.plan is self.balancer.plan:
+            return 0.0
+        self.plan = self.balancer.plan
+        if isinstance(self.algorithm, ServerAlgorithm):
+            self.algorithm.plan(self.trainer_steps())
+        return self.loader.reshare(self.plan) if self.loader is not None else 0.0
 
     def resume(self) -> None:
         """With `resume`: every rank loads its part of the newest checkpoint that all ranks hold."""
         self.state = TrainingState(self.model, self.optimizer, self.algorithm, self.epoch_loop, self.device,
-                                   self.schedule)
+                                   self.schedule, self.balancer)
         coordinator = self.coordinator is not None
         # recorded in the coordinator's file only: the other ranks need not read the dataset's meta.json
         self.fingerprint = fingerprint(self.job, self.prepared.spec, self.prepared.train_set,
@@ -169,12 +185,19 @@ class Runner:
             return
         self.state.load_state_dict(load_rank(found.path, self.info.rank))
         self.first_epoch = found.epoch
+        if self.loader is not None:  # the checkpoint's shares, held before data_loaded tells them
+            self.loader.load_seconds += self.follow_plan()
+        else:
+            self.follow_plan()
         if coordinator:
             self.coordinator.final = latest_test(found)
             self.stopping.load_state_dict(found.coordinator.get("stopping", {}))
 
     def start(self) -> None:
-        """Announce the job, then start every rank together."""
+        """Announce the job and what each rank holds, then start every rank together."""
+        seconds = self.loader.load_seconds if self.loader else 0.0
+        self.load_seconds = self.comm.all_gather(torch.tensor([seconds], dtype=torch.float64))[:, 0].tolist()
+        self.holdings = self.comm.all_gather_object(self.loader.describe() if self.loader else {"mode": "serves"})
         if self.coordinator is not None:
             self.coordinator.announce(self.first_epoch, self.details(), self.load_seconds, self.holdings,
                                       self.algorithm)
@@ -193,35 +216,44 @@ class Runner:
                         parameters=sum(p.numel() for p in self.model.parameters()))
 
     def run_epoch(self, epoch: int) -> EpochStats:
-        """Train (or serve) one epoch in this rank's role."""
+        """Train (or serve) one epoch in this rank's role, on the shares the balancer planned."""
+        reading = self.follow_plan()
         if self.coordinator is not None:
-            self.coordinator.epoch_begins(epoch)
-        return self.epoch_loop.run_epoch(epoch)
+            self.coordinator.epoch_begins(epoch, self.loader.steps if self.loader is not None else self.steps)
+        if isinstance(self.algorithm, ServerAlgorithm):
+            self.epoch_version = self.algorithm.version
+        stats = self.epoch_loop.run_epoch(epoch)
+        stats.data += reading  # the rows a moved share added are read as part of this epoch,
+        stats.reading, stats.seconds = reading, stats.seconds + reading  # not of its rate
+        return stats
 
     def after_step(self, loss: float) -> None:
         """After every training step: the heartbeat, and on rank 0 the bar and validation."""
         trainer = self.epoch_loop.trainer
         self.heartbeat.beat(trainer.global_step)
         if self.coordinator is not None:
-            self.coordinator.after_step(trainer.epoch, trainer.global_step, self.steps, loss)
+            self.coordinator.after_step(trainer.epoch, trainer.global_step, trainer.step_in_epoch, loss)
 
     def after_update(self, version: int) -> None:
         """After every update a server applies: the heartbeat, and validation when due."""
         self.heartbeat.beat(version)
         if self.coordinator is not None:
             self.coordinator.offer(version)
-            self.coordinator.served(version, self.algorithm.updates_per_epoch(), self.steps)
+            self.coordinator.served(version - self.epoch_version, self.algorithm.updates_per_epoch(), self.steps)
 
     def end_epoch(self, epoch: int, stats: EpochStats) -> None:
         """Every rank's statistics to the coordinator (which evaluates and records), then the checkpoint."""
         gathered = self.comm.all_gather(stats.as_tensor())
         per_rank = [EpochStats.from_tensor(gathered[rank]) for rank in self.trainers]
+        shares = self.plan.shares
+        moved = self.balancer.observe(per_rank)  # before the checkpoint, which holds the next epoch's shares
         if self.schedule is not None:  # every rank steps with the same loss: the mean over all trainers
             self.schedule.after_epoch(sum(s.loss_sum for s in per_rank) / max(sum(s.rows for s in per_rank), 1))
         reason = None
         if self.coordinator is not None:
             record = self.coordinator.end_epoch(epoch, self.epoch_loop.global_step, per_rank, self.trainers,
-                                                [self.hosts[rank] for rank in self.trainers], self.algorithm)
+                                                [self.hosts[rank] for rank in self.trainers], self.algorithm,
+                                                Shares(self.balancer.mode, shares, moved and moved.shares))
             reason = self.stopping.decide(epoch, epoch_metrics(record))
         if self.stoppable and epoch + 1 < self.job.train.epochs:
             self.stopped = self.comm.broadcast_object(reason)  # every rank leaves at the same epoch

@@ -1,7 +1,8 @@
 """One rank's training state, whose `state_dict` is the checkpoint schema.
 
 Everything a rank needs to continue exactly where it stopped: the model, the optimizer, the
-algorithm's own state, the step counter of its role and the random generators. The keys of a
+algorithm's own state, the step counter of its role, the random generators and, with shares sized by
+speed, the next epoch's shares and the rates behind them. The keys of a
 rank's checkpoint file are written and read here and nowhere else; the checkpoint folder's
 layout and its coordinator file belong to `checkpoint`. The optimizer's state is restored under
 the job's current settings, so `--set train.optimizer.lr=...` on resume takes effect, except those a
@@ -16,6 +17,7 @@ from typing import Protocol
 import torch
 
 from shoal.algorithms import Algorithm
+from shoal.train.balancer import Balancer
 from shoal.train.checkpoint import random_state, restore_random_state
 from shoal.train.schedule import Schedule
 
@@ -33,9 +35,10 @@ class TrainingState:
     """Model, optimizer, algorithm, step counter and random generators of one rank (torchtitan's Stateful)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, algorithm: Algorithm,
-                 counter: Counter, device: torch.device, schedule: Schedule | None = None):
+                 counter: Counter, device: torch.device, schedule: Schedule | None = None,
+                 balancer: Balancer | None = None):
         self.model, self.optimizer, self.algorithm = model, optimizer, algorithm
-        self.counter, self.device, self.schedule = counter, device, schedule
+        self.counter, self.device, self.schedule, self.balancer = counter, device, schedule, balancer
 
     def state_dict(self) -> dict:
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -43,6 +46,8 @@ class TrainingState:
                  "random": random_state(self.device)}
         if self.schedule is not None:
             state["schedule"] = self.schedule.state_dict()
+        if self.balancer is not None:
+            state["balance"] = self.balancer.state_dict()  # the next epoch's shares and the rates behind them
         return state
 
     def fits(self, state: dict) -> str:
@@ -59,6 +64,8 @@ class TrainingState:
                 group.update({key: saved[key] for key in SCHEDULED if key in saved})
         self.algorithm.load_state_dict(state["algorithm"])
         self.counter.global_step = state["global_step"]
+        if self.balancer is not None:
+            self.balancer.load_state_dict(state.get("balance"))
         restore_random_state(state["random"], self.device)
 
 

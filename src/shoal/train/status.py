@@ -29,6 +29,7 @@ from shoal.events import (
     JobResumed,
     JobStart,
     Progress,
+    WorkerEpoch,
     WorkerFailed,
     read_history,
 )
@@ -64,6 +65,8 @@ class Timeline:
     restarts: list[JobRestarted] = field(default_factory=list)
     failures: list[WorkerFailed] = field(default_factory=list)
     checkpoints: list[Checkpoint] = field(default_factory=list)
+    moved: dict[int, list[int]] = field(default_factory=dict)
+    """Epoch -> the next epoch's rows per training worker, for the epochs after which speed shares moved."""
 
     def add(self, event: Event) -> None:
         handler = HANDLERS.get(type(event))
@@ -87,6 +90,14 @@ class Timeline:
             self.progress = None
         if event.test:
             self.test, self.test_epoch = event.test, event.epoch
+        if event.next_shares:
+            self.moved[event.epoch] = event.next_shares
+        else:  # an epoch redone after a restart that did not move them
+            self.moved.pop(event.epoch, None)
+
+    def shares_moved(self) -> list[int]:
+        """The epochs so far after which the shares moved (an epoch lost to a restart does not count)."""
+        return sorted(epoch for epoch in self.moved if epoch <= self.completed)
 
     def went_on(self, event: JobRestarted | JobResumed) -> None:
         """Training goes on from the checkpoint's epoch; the epoch in progress was lost."""
@@ -140,6 +151,22 @@ class WorkerPace:
     host: str
     steps_per_second: float
     slowest: bool = False
+    rate: float | None = None
+    """Rows per second of its own work (compute and data, not waits for others); None where the record does
+    not say (a run written before shares could follow speed)."""
+    share: float | None = None
+    """Its fraction of the epoch's rows; None where the record does not say."""
+
+
+@dataclass
+class MachinePace:
+    """A machine's workers in the last epoch: their rows per second summed, and their share of the rows."""
+
+    host: str
+    workers: list[WorkerPace]
+    rate: float | None
+    """None when any of its workers' rates is unknown: a sum of part of them would be a wrong figure."""
+    share: float | None
 
 
 @dataclass
@@ -176,6 +203,20 @@ class Status:
     message: str | None
     silence_limit: float | None = None
     """Seconds without a record after which a run without `job_end` has stopped: its cluster.timeout and a grace."""
+    balance: str | None = None
+    """cluster.balance as the last epoch shared its rows ("equal", "speed", "fixed"); None for a run written
+    before shares could differ."""
+    shares_moved: list[int] = field(default_factory=list)
+    """With speed shares: the epochs after which the shares moved."""
+
+    @property
+    def machines(self) -> list[MachinePace]:
+        return machine_paces(self.workers)
+
+    def shows_machines(self) -> bool:
+        """Whether each machine's rate and share are worth a line: the record holds them, and there is more
+        than one worker or the shares are not equal."""
+        return self.balance is not None and bool(self.workers) and (len(self.workers) > 1 or self.balance != "equal")
 
 
 def run_state(end: JobEnd | None, quiet_seconds: float, silence_limit: float = math.inf) -> str:
@@ -223,13 +264,48 @@ def not_started(run_dir: Path, now: float) -> str:
 
 
 def worker_paces(last_epoch: EpochEnd | None) -> list[WorkerPace]:
-    """Each worker's steps per second in the last epoch; the slowest marked (on a tie, the lowest rank)."""
+    """Each worker's steps per second in the last epoch, and its rate and share when the record has them; the
+    slowest marked (on a tie, the lowest rank)."""
     if last_epoch is None:
         return []
-    workers = [WorkerPace(worker.rank, worker.host, worker.steps_per_second) for worker in last_epoch.workers]
+    recorded = last_epoch.balance is not None  # a record older than shares that follow speed has neither
+    total = sum(worker.rows for worker in last_epoch.workers)
+    workers = [WorkerPace(worker.rank, worker.host, worker.steps_per_second,
+                          rate=worker_rate(worker) if recorded else None,
+                          share=worker_share(worker, total) if recorded else None) for worker in last_epoch.workers]
     if len(workers) > 1:  # one worker is not "the slowest"
         min(workers, key=lambda worker: worker.steps_per_second).slowest = True
     return workers
+
+
+def worker_rate(worker: WorkerEpoch) -> float | None:
+    """Its rows per second of its own work: as recorded, else its rows over its compute and data seconds;
+    None when neither says (0.0 is what a record without the figure holds)."""
+    if math.isfinite(worker.rate) and worker.rate > 0:
+        return worker.rate
+    busy = worker.compute + worker.data
+    return worker.rows / busy if math.isfinite(busy) and busy > 0 and worker.rows > 0 else None
+
+
+def worker_share(worker: WorkerEpoch, total_rows: int) -> float | None:
+    """Its fraction of the epoch's rows: as recorded, else its rows over every worker's; None when unknown."""
+    if math.isfinite(worker.share) and worker.share > 0:
+        return worker.share
+    return worker.rows / total_rows if total_rows > 0 else None
+
+
+def machine_paces(workers: list[WorkerPace]) -> list[MachinePace]:
+    """The workers by machine (host), in the order their first ranks come, with their rates and shares summed."""
+    hosts: dict[str, list[WorkerPace]] = {}
+    for worker in workers:
+        hosts.setdefault(worker.host, []).append(worker)
+    return [MachinePace(host, own, total([worker.rate for worker in own]), total([worker.share for worker in own]))
+            for host, own in hosts.items()]
+
+
+def total(values: list[float | None]) -> float | None:
+    """The sum, or None when any part is unknown."""
+    return None if any(value is None for value in values) else sum(values)
 
 
 def summarize(run_dir: str | Path, now: float | None = None) -> Status:
@@ -271,7 +347,8 @@ def summarize(run_dir: str | Path, now: float | None = None) -> Status:
         last_restart=timeline.restarts[-1] if timeline.restarts else None, failures=len(timeline.failures),
         last_failure=timeline.failures[-1] if timeline.failures else None, checkpoints=len(timeline.checkpoints),
         last_checkpoint=timeline.checkpoints[-1] if timeline.checkpoints else None,
-        message=message, silence_limit=timeout + STOP_GRACE_SECONDS)
+        message=message, silence_limit=timeout + STOP_GRACE_SECONDS,
+        balance=last_epoch.balance if last_epoch else None, shares_moved=timeline.shares_moved())
 
 
 def duration(seconds: float | None) -> str:
@@ -310,10 +387,7 @@ def render(summary: Status) -> str:
     if losses:
         lines.append(losses)
     lines.append(timing_line(summary))
-    for index, worker in enumerate(summary.workers):
-        label = "workers  " if index == 0 else "         "
-        line = f"{label}rank {worker.rank} ({worker.host}) {worker.steps_per_second:,.1f} steps/s"
-        lines.append(line + ("  <- slowest" if worker.slowest else ""))
+    lines += worker_lines(summary)
     restarts = f"restarts {summary.restarts}"
     if summary.last_failure:
         restarts += f"  last failure: {summary.last_failure.text()}"
@@ -322,6 +396,49 @@ def render(summary: Status) -> str:
     lines.append(f"checkpoints {summary.checkpoints}"
                  + (f"  latest: epoch {checkpoint.epoch} {checkpoint.path}" if checkpoint else ""))
     return "\n".join(lines)
+
+
+def worker_lines(summary: Status) -> list[str]:
+    """A line per worker; with rates and shares recorded (and more than one worker, or shares that are not
+    equal), a line per machine instead: its rows per second, its share of the rows, its workers' steps per
+    second, and then how the rows were shared."""
+    labels = ["workers  ", *(["         "] * (len(summary.workers) - 1))]
+    if not summary.shows_machines():
+        return [f"{label}rank {worker.rank} ({worker.host}) {pace_text(worker)}"
+                for label, worker in zip(labels, summary.workers)]
+    machines = summary.machines
+    width = max(len(machine.host) for machine in machines)
+    lines = []
+    for label, machine in zip(labels, machines):
+        parts = [machine.host.ljust(width)]
+        if machine.rate is not None:
+            parts.append(f"{machine.rate:,.0f} rows/s")
+        if machine.share is not None:
+            parts.append(f"{machine.share:.1%} of the rows")
+        parts.append(", ".join(f"rank {worker.rank} {worker.steps_per_second:,.1f} steps/s"
+                               for worker in machine.workers))
+        slowest = next((worker for worker in machine.workers if worker.slowest), None)
+        if slowest is not None:
+            parts[-1] += "  <- slowest" + (f": rank {slowest.rank}" if len(machine.workers) > 1 else "")
+        lines.append(label + "  ".join(parts))
+    return [*lines, f"balance  {balance_text(summary.balance, summary.shares_moved)}"]
+
+
+def pace_text(worker: WorkerPace) -> str:
+    return f"{worker.steps_per_second:,.1f} steps/s" + ("  <- slowest" if worker.slowest else "")
+
+
+def balance_text(balance: str, moved: list[int]) -> str:
+    """`speed: shares moved after epochs 1, 3`: cluster.balance, and when speed shares moved."""
+    if balance == "fixed":
+        return "fixed (cluster.balance's relative speeds)"
+    if balance != "speed":
+        return balance
+    if not moved:
+        return "speed: shares not moved yet"
+    if len(moved) > 4:
+        return f"speed: shares moved {len(moved)} times, last after epoch {moved[-1]}"
+    return f"speed: shares moved after epoch{'s' if len(moved) > 1 else ''} {', '.join(map(str, moved))}"
 
 
 def position_line(summary: Status) -> str:

@@ -11,15 +11,15 @@ import signal
 from pathlib import Path
 
 import pytest
-from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, Worker, WorkerSpec
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import PContext
 
 from shoal.cluster.node import agent, launch
-from shoal.cluster.node.agent import SHUTDOWN_SECONDS, NodeAgent
+from shoal.cluster.node.agent import SHUTDOWN_SECONDS, NodeAgent, node_of_rank, worker_ranks
 
 SOURCE = Path(agent.__file__).parents[2]  # src/shoal
-PRIVATE = ("_exit_barrier", "_start_workers", "_pcontext")
+PRIVATE = ("_exit_barrier", "_start_workers", "_pcontext", "_assign_worker_ranks")
 
 
 def parameters(function) -> list[str]:
@@ -29,14 +29,26 @@ def parameters(function) -> list[str]:
 def test_the_members_the_shim_overrides_are_there_with_the_parameters_it_expects():
     assert parameters(LocalElasticAgent._start_workers) == ["self", "worker_group"]
     assert parameters(SimpleElasticAgent._exit_barrier) == ["self"]
+    assert parameters(SimpleElasticAgent._assign_worker_ranks) == ["self", "store", "group_rank", "group_world_size",
+                                                                    "spec"]
+    assert parameters(NodeAgent._assign_worker_ranks) == parameters(SimpleElasticAgent._assign_worker_ranks)
+    assert parameters(Worker) == ["local_rank", "global_rank", "role_rank", "world_size", "role_world_size"]
     close = inspect.signature(PContext.close).parameters
     assert list(close) == ["self", "death_sig", "timeout"]
     assert close["death_sig"].default is None
 
 
 def test_torch_still_calls_them_where_the_shim_counts_on_it():
-    # the exit barrier on success, the process context set by _start_workers and closed on shutdown
+    # the exit barrier on success, the process context set by _start_workers and closed on shutdown, the
+    # ranks from the node's rendezvous, which every worker's RANK and WORLD_SIZE come from
     assert "self._exit_barrier()" in inspect.getsource(SimpleElasticAgent._invoke_run)
+    assert re.search(r"workers = self\._assign_worker_ranks\(\s*store, group_rank, group_world_size, spec\s*\)",
+                     inspect.getsource(SimpleElasticAgent._rendezvous))
+    assert "worker_group.workers = workers" in inspect.getsource(SimpleElasticAgent._rendezvous)
+    starting = inspect.getsource(LocalElasticAgent._start_workers)
+    for variable in ('"RANK": str(worker.global_rank)', '"WORLD_SIZE": str(worker.world_size)',
+                     '"LOCAL_WORLD_SIZE": str(spec.local_world_size)'):
+        assert variable in starting
     assert "self._pcontext = start_processes(" in inspect.getsource(LocalElasticAgent._start_workers)
     assert re.search(r"self\._pcontext\.close\(death_sig, timeout\)", inspect.getsource(LocalElasticAgent._shutdown))
 
@@ -90,3 +102,37 @@ def test_the_agent_starts_a_command_or_from_torchs_forkserver_a_function(monkeyp
         assert spec.args == ('{"OMP_NUM_THREADS": "1"}', "job.toml")
     else:
         assert (made._start_method, spec.args) == ("spawn", ("-u", "-m", "shoal.worker", "job.toml"))
+
+
+def spec(workers: int) -> WorkerSpec:
+    return WorkerSpec(role="worker", local_world_size=workers, entrypoint="python", rdzv_handler=Handler())
+
+
+@pytest.mark.parametrize(("counts", "node", "ranks"), [([2, 1], 0, [0, 1]), ([2, 1], 1, [2]), ([1, 3, 2], 1, [1, 2, 3]),
+                                                       ([1, 3, 2], 2, [4, 5]), ([4], 0, [0, 1, 2, 3])])
+def test_each_machines_workers_get_contiguous_ranks_after_the_machines_before_it(counts, node, ranks):
+    assert list(worker_ranks(counts, node)) == ranks
+    assert {node_of_rank(counts, rank) for rank in ranks} == {node}
+    made = launch.make_agent(Handler(), counts[node], ["job.toml"], "logs", counts=counts)
+    workers = made._assign_worker_ranks(None, node, len(counts), spec(counts[node]))  # asks no store
+    assert [(worker.local_rank, worker.global_rank, worker.role_rank) for worker in workers] == [
+        (local, rank, rank) for local, rank in enumerate(ranks)]
+    assert {(worker.world_size, worker.role_world_size) for worker in workers} == {(sum(counts), sum(counts))}
+
+
+def test_without_counts_every_node_runs_as_many_as_this_one():
+    made = launch.make_agent(Handler(), 2, ["job.toml"], "logs")
+    assert [worker.global_rank for worker in made._assign_worker_ranks(None, 1, 3, spec(2))] == [2, 3]
+    assert made._assign_worker_ranks(None, 1, 3, spec(2))[0].world_size == 6
+
+
+def test_counts_that_do_not_fit_the_node_are_refused_not_guessed():
+    made = launch.make_agent(Handler(), 2, ["job.toml"], "logs", counts=[2, 1])
+    with pytest.raises(RuntimeError, match=r"node 1 of 2 runs 2 workers, but the job's counts are \[2, 1\]"):
+        made._assign_worker_ranks(None, 1, 2, spec(2))
+    with pytest.raises(RuntimeError):
+        made._assign_worker_ranks(None, 0, 3, spec(2))
+
+
+def test_the_launcher_no_longer_asks_torch_to_number_every_node_alike():
+    assert "TORCH_ELASTIC_WORKER_IDENTICAL" not in Path(launch.__file__).read_text()

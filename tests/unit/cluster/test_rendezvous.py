@@ -17,7 +17,9 @@ import pytest
 import torch.distributed as dist
 
 from shoal.cluster.node.rendezvous import Decision, Meeting, Nodes, Report, read_secret
+from shoal.cluster.node.supervisor import Plan, supervise
 from shoal.errors import ConfigError, WorkerError
+from shoal.events import read_events
 
 HOST = socket.gethostname()
 TIMEOUT = 10.0  # cluster.timeout for these meetings: far above what joining on loopback takes
@@ -255,19 +257,54 @@ def test_nodes_holding_different_secrets_do_not_meet(meet):
         Meeting(Nodes(count=2, rank=1, endpoint=f"127.0.0.1:{port}", secret="b" * 32), TIMEOUT)
 
 
-def test_nodes_with_different_worker_counts_both_stop_naming_them(pool):
+def test_every_node_reads_every_nodes_worker_count_once_all_have_joined(pool):
     port = free_port()
-    started = [pool.submit(Meeting, two_nodes(port, rank), TIMEOUT, workers) for rank, workers in ((0, 2), (1, 1))]
-    meetings = [future.result(WAIT) for future in started]
+    counts = {0: 2, 1: 1, 2: 3}
+    early = [pool.submit(Meeting, Nodes(count=3, rank=rank, endpoint=f"127.0.0.1:{port}"), TIMEOUT, counts[rank])
+             for rank in (0, 2)]
+    time.sleep(0.5)  # node 1 joins after the others wait: its count is read all the same
+    late = pool.submit(Meeting, Nodes(count=3, rank=1, endpoint=f"127.0.0.1:{port}"), TIMEOUT, counts[1])
+    meetings = [future.result(WAIT) for future in (early[0], late, early[1])]
     try:
         for meeting in meetings:
-            with pytest.raises(ConfigError) as caught:
-                meeting.check_workers()
-            assert str(caught.value) == (f"--workers: every machine must run the same number of workers, got "
-                                         f"node 0 ({HOST}) 2, node 1 ({HOST}) 1")
+            assert meeting.counts == [2, 1, 3]
+            assert meeting.layout() == f"node 0 ({HOST}) 2, node 1 ({HOST}) 1, node 2 ({HOST}) 3"
     finally:
         for meeting in meetings:
             meeting.close()
+
+
+def test_a_layout_the_job_cannot_use_stops_every_node_at_once_naming_the_machines(pool, tmp_path):
+    totals = []
+
+    def check(world_size: int) -> None:
+        totals.append(world_size)
+        raise ConfigError(f"cluster.workers: this algorithm needs 4 processes or more, got {world_size}")
+
+    def node(rank: int, workers: int) -> None:
+        plan = Plan(tmp_path / "job.toml", tmp_path, workers=workers, threads=1, timeout=TIMEOUT,
+                    restart_record=None, check_layout=check)
+        supervise(plan, two_nodes(port, rank))
+
+    port = free_port()
+    started = [pool.submit(node, rank, workers) for rank, workers in ((0, 2), (1, 1))]
+    for future in started:
+        with pytest.raises(ConfigError) as caught:
+            future.result(WAIT)  # never waits for the other node
+        assert str(caught.value) == ("cluster.workers: this algorithm needs 4 processes or more, got 3 (workers on "
+                                     f"each machine: node 0 ({HOST}) 2, node 1 ({HOST}) 1)")
+    assert totals == [3, 3]
+    assert [event["status"] for event in read_events(tmp_path) if event["event"] == "job_end"] == ["failed"]
+
+
+def test_one_machines_layout_is_checked_with_its_own_count_and_told_as_it_is(tmp_path):
+    def check(world_size: int) -> None:
+        raise ConfigError(f"data.train: fewer rows than the {world_size} training workers")
+
+    plan = Plan(tmp_path / "job.toml", tmp_path, workers=3, threads=1, timeout=TIMEOUT, restart_record=None,
+                check_layout=check)
+    with pytest.raises(ConfigError, match=r"^data.train: fewer rows than the 3 training workers$"):
+        supervise(plan, Nodes())
 
 
 def test_a_secret_file_others_may_read_is_refused(tmp_path):

@@ -70,3 +70,11 @@ def test_the_leader_prefers_a_nodes_raised_error_to_another_nodes_killed_worker_
 def test_the_leader_names_a_killed_worker_before_a_node_that_sent_no_report_given_first():
     failure, _ = leaders_cause([Report(0, failure=failure_fields(KILLED))], [1], None, ["node-a", "node-b"])
     assert failure == KILLED
+
+
+def test_the_leader_places_a_silent_worker_that_never_beat_on_its_machine_by_every_nodes_count():
+    # node 0 runs ranks 0-1, node 1 rank 2, node 2 ranks 3-5
+    hosts, counts = ["node-a", "node-b", "node-c"], [2, 1, 3]
+    for rank, host in ((1, "node-a"), (2, "node-b"), (3, "node-c"), (5, "node-c")):
+        failure, _ = leaders_cause([], [], {"rank": rank, "host": "?", "step": 0}, hosts, workers=counts)
+        assert (failure.rank, failure.host) == (rank, host)

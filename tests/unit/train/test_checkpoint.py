@@ -252,6 +252,7 @@ def test_fingerprint_names_what_a_resumed_job_must_share(data):
     assert fingerprint(job(), SPEC, data(), 2) == {
         "cluster.workers": 2,
         "cluster.groups": 1,
+        "cluster.balance": "equal",
         "algorithm": {"name": "averaging", "period": "epoch"},
         "model": SPEC,
         "train.optimizer.name": "adam",

@@ -1,5 +1,7 @@
 """shoal's own launcher (`shoal train`, `shoal.fit`): torch's elastic agent numbers the workers as torchrun's
-does, and the launcher names itself in SHOAL_LAUNCHER_PID so that its workers tell it from torchrun.
+does (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE: each machine's ranks contiguous, in node order, and its
+own count, which may differ between machines), and the launcher names itself in SHOAL_LAUNCHER_PID so that
+its workers tell it from torchrun.
 
 A process is under shoal's launcher when that variable names its parent (a worker forked by the fork
 server has the server for its parent, and the server's pid in the variable: shoal.cluster.node.forkserver),

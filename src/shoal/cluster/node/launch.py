@@ -41,16 +41,17 @@ TORCH_FORKSERVER = "SHOAL_TORCH_FORKSERVER"
 
 
 def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezvous: RendezvousHandler,
-           resume: bool = False, callbacks: Path | None = None, server: forkserver.ForkServer | None = None) -> None:
+           resume: bool = False, callbacks: Path | None = None, server: forkserver.ForkServer | None = None,
+           counts: list[int] | None = None) -> None:
     """Run `workers` local worker processes of the job to completion; raise WorkerError on failure.
 
-    With a fork `server` the workers are forked from it, already imported; without one each starts afresh."""
+    `counts`: every node's worker count by node rank, which numbers the job's ranks (None: every node runs
+    `workers`). With a fork `server` the workers are forked from it, already imported; without one each
+    starts afresh."""
     variables = {
         "OMP_NUM_THREADS": str(threads),
         **ShoalLauncher.variables(os.getpid()),  # its workers know it, and end themselves once it is gone
         "TORCHELASTIC_SIGNALS_TO_HANDLE": handled_signals(),
-        # every node runs the same number of workers: torch numbers them without asking a shared store
-        "TORCH_ELASTIC_WORKER_IDENTICAL": "1",
     }
     arguments = [str(job_file), "--run-dir", str(run_dir), "--threads", str(threads)]
     if resume:
@@ -62,7 +63,7 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezv
     scratch.sweep()
     logs = scratch.make(scratch.LOGS)
     try:
-        agent = make_agent(rendezvous, workers, arguments, logs, server, variables)
+        agent = make_agent(rendezvous, workers, arguments, logs, server, variables, counts)
         with _quiet_elastic(), caller_signal_handlers(), workers_environment(variables):
             result = agent.run()
         if result.is_failed():
@@ -74,10 +75,12 @@ def launch(job_file: Path, run_dir: Path, *, workers: int, threads: int, rendezv
 
 
 def make_agent(rendezvous: RendezvousHandler, workers: int, arguments: list[str], logs: str,
-               server: forkserver.ForkServer | None = None, variables: dict[str, str] | None = None) -> NodeAgent:
+               server: forkserver.ForkServer | None = None, variables: dict[str, str] | None = None,
+               counts: list[int] | None = None) -> NodeAgent:
     """The agent for one attempt: each worker a `python -m shoal.worker` process (through the fork `server`'s
     stand-ins where there is one), or, with TORCH_FORKSERVER set, a call of `worker_function` in a process
-    forked by multiprocessing's own forkserver (benchmarks.startup compares the two; not for users)."""
+    forked by multiprocessing's own forkserver (benchmarks.startup compares the two; not for users). The
+    workers' ranks follow every node's worker count (`counts`, by node rank; None: all run `workers`)."""
     if os.environ.get(TORCH_FORKSERVER):
         entrypoint, start_method = worker_function, "forkserver"
         arguments = [json.dumps(variables or {}), *arguments]
@@ -87,7 +90,7 @@ def make_agent(rendezvous: RendezvousHandler, workers: int, arguments: list[str]
     spec = WorkerSpec(role="worker", local_world_size=workers, entrypoint=entrypoint, args=tuple(arguments),
                       rdzv_handler=rendezvous, max_restarts=0, monitor_interval=0.1)
     return NodeAgent(spec, logs_specs=DefaultLogsSpecs(log_dir=logs), start_method=start_method,
-                     shutdown_timeout=SHUTDOWN_SECONDS)
+                     shutdown_timeout=SHUTDOWN_SECONDS, counts=counts)
 
 
 def worker_function(variables: str, *arguments: str) -> None:

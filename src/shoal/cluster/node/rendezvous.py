@@ -1,8 +1,10 @@
 """How the machines of a job meet, and meet again after a failure.
 
 The first machine's launcher holds a small key-value store (torch's TCPStore, bound to the
-address the others reach); every launcher joins it once and keeps its node rank for the whole
-job. Each attempt to run the workers is numbered: all nodes join attempt n before any starts
+address the others reach); every launcher joins it once, keeps its node rank for the whole
+job and tells its worker count, which may differ between machines: once all have joined, each
+reads every count, and node k's workers take the global ranks after those of nodes 0..k-1.
+Each attempt to run the workers is numbered: all nodes join attempt n before any starts
 its workers, a node whose workers fail reports why and flags the attempt, the others stop
 theirs on seeing the flag, and the first node (the leader) decides from every report whether
 all restart or all stop. A node that does not come back within the timeout fails the job with
@@ -135,7 +137,7 @@ def job_secret(nodes: Nodes) -> str:
 
 
 class Meeting:
-    """This node's membership of the job: its node rank, the hosts, and the attempts."""
+    """This node's membership of the job: its node rank, the hosts and their worker counts, and the attempts."""
 
     def __init__(self, nodes: Nodes, timeout: float, workers: int = 1):
         self.nodes, self.count, self.timeout, self.workers = nodes, nodes.count, timeout, workers
@@ -146,6 +148,7 @@ class Meeting:
         self.store, self.node_rank, self.bind, self.port = self._open()
         self.leader = self.node_rank == 0
         self.hosts = self._introduce()
+        self.counts = self._counts()  # by node rank: node k's workers are ranks sum(counts[:k]) and on
         self.attempt = -1  # the latest attempt begun
         self.gone: set[int] = set()  # nodes known to have left without a word
 
@@ -203,14 +206,16 @@ class Meeting:
                               f"{self.endpoint_host}:{self.port} within {self.timeout:g} s (missing node {absent})")
         return [value.decode() for value in self.store.multi_get(names)]
 
-    def check_workers(self) -> None:
-        """torch numbers every node's workers alike: nodes with different --workers would wait for ever."""
+    def _counts(self) -> list[int]:
+        """Every node's worker count, by node rank: each node set its own before its host, so all are there
+        once every host is. Read once: a node keeps its count, as its rank, for the whole job."""
         names = [keys.node(rank, "workers") for rank in range(self.count)]
-        counts = [int(value) for value in self.store.multi_get(names)]
-        if len(set(counts)) > 1:
-            told = ", ".join(f"node {rank} ({host}) {count}" for rank, (host, count) in
-                             enumerate(zip(self.hosts, counts)))
-            raise ConfigError(f"--workers: every machine must run the same number of workers, got {told}")
+        return [int(value) for value in self.store.multi_get(names)]
+
+    def layout(self) -> str:
+        """The machines and their workers, in rank order, for a message: `node 0 (host0) 2, node 1 (host1) 1`."""
+        return ", ".join(f"node {rank} ({host}) {count}" for rank, (host, count) in
+                         enumerate(zip(self.hosts, self.counts)))
 
     # ------------------------------------------------------------------ each attempt
 

@@ -1,6 +1,7 @@
 """One node's launcher from start to end: meet the other machines, run attempts, restart together.
 
-Every node runs a supervisor. All of them join the job's store (shoal.cluster.node.rendezvous), run
+Every node runs a supervisor. All of them join the job's store (shoal.cluster.node.rendezvous), check
+the job against its world size (every machine's worker count summed, known only then), run
 numbered attempts of their workers, and after a failure follow the first node's decision:
 restart every node's workers from the newest checkpoint, or stop. The first node (the leader,
 whose run directory holds the events) finds the root cause among every node's reports and the
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from shoal.cluster import heartbeat, verdict
+from shoal.cluster.node.agent import node_of_rank
 from shoal.cluster.node.forkserver import ForkServer
 from shoal.cluster.node.launch import launch, restart_line, workers_environment
 from shoal.cluster.node.rendezvous import AttemptRendezvous, Decision, Meeting, Nodes, Report, failure_fields
@@ -24,7 +26,7 @@ from shoal.cluster.node.watch import AttemptWatch
 from shoal.cluster.signals import Interrupted, interruptible
 from shoal.cluster.store import SECRET_VARIABLE, StoreUnreachable
 from shoal.cluster.verdict import Account, Kind
-from shoal.errors import EXIT_USAGE, WorkerError, first_line
+from shoal.errors import EXIT_USAGE, ConfigError, WorkerError, first_line
 from shoal.events import JobEnd, JobRestarted, WorkerFailed, append_event
 
 
@@ -45,6 +47,9 @@ class Plan:
     """The caller's callbacks, written by value (`shoal.fit(callbacks=...)`), for the coordinator."""
     server: ForkServer | None = None
     """The caller's fork server (shoal.cluster.node.forkserver), which every attempt's workers fork from."""
+    check_layout: Callable[[int], None] | None = None
+    """Training's checks for a job of this many workers in all (training's check_world_size, and a resume's
+    checkpoints), raising ConfigError: across machines the total is known only once all have met."""
 
 
 def supervise(plan: Plan, nodes: Nodes) -> None:
@@ -53,7 +58,7 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
     with interruptible():
         try:
             meeting = Meeting(nodes, plan.timeout, plan.workers)
-            meeting.check_workers()
+            check_layout(plan, meeting)
             Supervisor(plan, meeting).run()
         except Interrupted as interrupt:
             if meeting is not None:
@@ -73,6 +78,19 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
             if meeting is not None:
                 meeting.linger() if meeting.leader else meeting.leave()
                 meeting.close()
+
+
+def check_layout(plan: Plan, meeting: Meeting) -> None:
+    """Every node checks the job's world size itself once the counts are known (each finds the same), so a
+    layout that cannot work stops every machine at once, in one line naming them."""
+    if plan.check_layout is None:
+        return
+    try:
+        plan.check_layout(sum(meeting.counts))
+    except ConfigError as error:
+        if meeting.count == 1:
+            raise
+        raise ConfigError(f"{first_line(error)} (workers on each machine: {meeting.layout()})") from None
 
 
 def records_events(meeting: Meeting | None, nodes: Nodes) -> bool:
@@ -123,7 +141,8 @@ class Supervisor:
             # the workers' keys are named by the job's secret: handed in their environment, never their argv
             with watch, workers_environment({SECRET_VARIABLE: meeting.secret}):
                 launch(plan.job_file, plan.run_dir, workers=plan.workers, threads=plan.threads,
-                       rendezvous=rendezvous, resume=resume, callbacks=plan.callbacks, server=plan.server)
+                       rendezvous=rendezvous, resume=resume, callbacks=plan.callbacks, server=plan.server,
+                       counts=meeting.counts)
         except WorkerError as error:
             if watch.lost is not None:
                 raise lost_store(watch.lost, meeting) from None
@@ -149,7 +168,7 @@ class Supervisor:
             return decision
         reports, missing = meeting.reports(attempt)
         silent = heartbeat.verdict(meeting.worker_store)
-        cause, text = root_cause(reports, missing, silent, meeting.hosts, self.plan.workers)
+        cause, text = root_cause(reports, missing, silent, meeting.hosts, workers=meeting.counts)
         append_event(run_dir, cause)
         usage = any(report.usage for report in reports if not report.consequence)
         if any(report.succeeded for report in reports):  # workers pass their last barrier after the model is saved
@@ -173,12 +192,13 @@ class Supervisor:
 
 
 def root_cause(reports: list[Report], missing: list[int], silent: dict | None, hosts: list[str],
-               workers: int = 1) -> tuple[WorkerFailed, str]:
+               workers: int | list[int] = 1) -> tuple[WorkerFailed, str]:
     """The failure to blame, as the event and one line, by shoal.cluster.verdict's order: a worker that
     stopped answering (from the workers' liveness), a node's own error, a node's worker killed or a node
-    that sent no report, then the first that failed. `workers` per node places a rank that never beat on
-    its host."""
-    cause = verdict.root_cause(accounts(reports, missing, silent, hosts, workers))
+    that sent no report, then the first that failed. Every node's worker count (`workers`, by node rank;
+    one number: as many on each) places a rank that never beat on its host."""
+    counts = [workers] * len(hosts) if isinstance(workers, int) else workers
+    cause = verdict.root_cause(accounts(reports, missing, silent, hosts, counts))
     if cause is None:
         return WorkerFailed(message="the workers failed"), "the workers failed"
     if cause.kind is Kind.SILENT:
@@ -192,11 +212,11 @@ def root_cause(reports: list[Report], missing: list[int], silent: dict | None, h
 
 
 def accounts(reports: list[Report], missing: list[int], silent: dict | None, hosts: list[str],
-             workers: int) -> list[Account]:
+             counts: list[int]) -> list[Account]:
     """What every node reported, and the liveness's silent worker, as accounts for the verdict."""
     found = []
     if silent is not None:
-        host = silent["host"] if silent["host"] != "?" else hosts[min(silent["rank"] // workers, len(hosts) - 1)]
+        host = silent["host"] if silent["host"] != "?" else hosts[node_of_rank(counts, silent["rank"])]
         found.append(Account(Kind.SILENT, rank=silent["rank"], host=host, message=heartbeat.silence(silent)))
     for report in reports:
         if report.failure is not None:
