@@ -16,13 +16,19 @@ then), the ideal of those epochs (rows / the sum of the trainers' measured rates
 to the end), their ratio, each trainer's last share and the final test accuracy. Needs root,
 `ip`, `tc`, `taskset` and 2 cores.
 
-    .venv/bin/python -m benchmarks.uneven            # about 10 minutes on 2 cores
+With `--layout busy` the slow machine is one host beside a busy loop on its core (2 hosts, 3 with a
+server): two hosts sharing a core are not independent machines (the one that gets the core first
+looks fast, and shares sized by speed then follow the scheduler), a host beside a steady load is.
+
+    .venv/bin/python -m benchmarks.uneven            # about 8 minutes on 2 cores
+    .venv/bin/python -m benchmarks.uneven --layout busy
     .venv/bin/python -m benchmarks.uneven --quick    # averaging only, 10k rows, 3 epochs: under a minute
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -45,10 +51,26 @@ ALGORITHMS = {
     "easgd-async": ("easgd", {"synchronous": False}, True),
 }
 BALANCES = ("equal", "speed")
-PEERS = (0, 1, 1)
-"""The core (an index into this process's affinity) of each host when every rank trains."""
-WITH_SERVER = (1, 0, 1, 1)
-"""... and with a server on host0: the trainers on hosts 1..3 stand as the peers above."""
+LAYOUTS = {
+    # "shared": the slow hosts share a core with each other
+    "shared": {"peers": (0, 1, 1), "with_server": (1, 0, 1, 1)},
+    # "busy": the slow host shares its core with a busy loop, not with another worker
+    "busy": {"peers": (0, 1), "with_server": (1, 0, 1)},
+}
+"""Each host's core (an index into this process's affinity), when every rank trains ("peers") and with a
+server on host0 whose trainers stand as the peers do."""
+BUSY_CORE = 1
+"""With the "busy" layout: the core a busy loop shares with the slow host."""
+LAYOUT_TEXT = {
+    "shared": "Sync, averaging (period epoch) and synchronous EASGD: 3 hosts, host0 alone on core 0, host1 and "
+              "host2 sharing core 1. Downpour and asynchronous EASGD (rank 0 a parameter server that does not "
+              "train): 4 hosts, the server on host0 and the trainers host1 (core 0 alone), host2 and host3 "
+              "(sharing core 1 with the server).",
+    "busy": "Sync, averaging (period epoch) and synchronous EASGD: 2 hosts, host0 alone on core 0, host1 on "
+            "core 1 beside a busy loop (a process spinning there all along). Downpour and asynchronous EASGD: "
+            "3 hosts, the server on host0 (core 1), the trainers host1 (core 0 alone) and host2 (core 1, beside "
+            "the busy loop and the server).",
+}
 STEADY_FROM = 3
 """The first epoch of the steady pace: epoch 1 measures, epoch 2 may still move the shares."""
 SECONDS_LIMIT = 600
@@ -141,11 +163,13 @@ def summarize(history: History) -> dict:
 def run_all(args: argparse.Namespace, data: tuple[Path, Path]) -> list[dict]:
     """Every algorithm x balance x trial, the peers' on one cluster and the servers' on the other."""
     rows = []
-    for server, pinning in ((False, PEERS), (True, WITH_SERVER)):
+    layout = LAYOUTS[args.layout]
+    for server, pinning in ((False, layout["peers"]), (True, layout["with_server"])):
         names = [name for name in args.algorithms if ALGORITHMS[name][2] == server]
         if not names:
             continue
-        with EmulatedCluster(hosts=len(pinning), rate=args.rate, cores=list(pinning)) as cluster:
+        with EmulatedCluster(hosts=len(pinning), rate=args.rate, cores=list(pinning)) as cluster, \
+                busy_loop(args.layout == "busy"):
             for name in names:
                 for trial in range(args.trials):
                     for balance in BALANCES:
@@ -160,6 +184,21 @@ def run_all(args: argparse.Namespace, data: tuple[Path, Path]) -> list[dict]:
                         rows.append(row)
                         print(line_of(row), flush=True)
     return rows
+
+
+@contextlib.contextmanager
+def busy_loop(wanted: bool):
+    """A process spinning on BUSY_CORE for as long as the block runs: the slow host's other load."""
+    if not wanted:
+        yield
+        return
+    core = sorted(os.sched_getaffinity(0))[BUSY_CORE]
+    spinner = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def line_of(row: dict) -> str:
@@ -216,6 +255,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--rate", default="1gbit", help="the hosts' links (tc tbf syntax)")
+    parser.add_argument("--layout", choices=list(LAYOUTS), default="shared",
+                        help="shared: 3 hosts, two sharing a core; busy: 2 hosts, the second beside a busy loop")
     parser.add_argument("--algorithms", help="comma-separated, of: " + ", ".join(ALGORITHMS) + " (default: all)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10k rows, 3 epochs, 1 trial, averaging "
                         "unless --algorithms")
@@ -244,10 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     markdown = f"""# Unequal machines: equal and speed shares against the ideal
 
 {machine_line(info)}. The emulated cluster: network namespaces on a bridge, links shaped to {args.rate}
-with `tc tbf` (a small bucket), one worker per host with 1 thread. Sync, averaging (period epoch) and
-synchronous EASGD: 3 hosts, host0 alone on core 0, host1 and host2 sharing core 1. Downpour and
-asynchronous EASGD (rank 0 a parameter server that does not train): 4 hosts, the server on host0 and
-the trainers host1 (core 0 alone), host2 and host3 (sharing core 1 with the server). 784-40-10
+with `tc tbf` (a small bucket), one worker per host with 1 thread. {LAYOUT_TEXT[args.layout]} 784-40-10
 sigmoid perceptron, {args.rows:,} synthetic digit rows ({args.test_rows:,} test rows), batch
 {args.batch_size}, SGD lr 0.1 momentum 0.5, {args.epochs} epochs, {args.trials} trial(s) each
 (trial n: train.seed = n - 1). `{command}` ({seconds / 60:.1f} minutes).
@@ -264,7 +302,8 @@ shares within 1.1x of the ideal for every algorithm, accuracy unchanged within t
 """
     data_out = {"machine": info, "rows": args.rows, "test_rows": args.test_rows, "epochs": args.epochs,
                 "batch_size": args.batch_size, "rate": args.rate, "trials": args.trials, "quick": args.quick,
-                "pinning": {"peers": list(PEERS), "with_server": list(WITH_SERVER)}, "results": rows}
+                "layout": args.layout, "pinning": {key: list(value) for key, value in LAYOUTS[args.layout].items()},
+                "results": rows}
     path = write_result("uneven", markdown, data_out)
     print(markdown)
     print(f"written: {path}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,9 @@ def a9a_dir() -> Path:
 
 
 UNIT = ROOT / "tests" / "unit"
+# The first call of platform.processor() runs `uname -p` and caches it; libraries a unit test imports
+# (TensorBoard's writer) call it, and a test run alone would then count their process as its own.
+platform.processor()
 
 
 @contextmanager

@@ -185,10 +185,9 @@ class Runner:
             return
         self.state.load_state_dict(load_rank(found.path, self.info.rank))
         self.first_epoch = found.epoch
-        if self.loader is not None:  # the checkpoint's shares, held before data_loaded tells them
-            self.loader.load_seconds += self.follow_plan()
-        else:
-            self.follow_plan()
+        reading = self.follow_plan()  # the checkpoint's shares, held before data_loaded tells them
+        if self.loader is not None:
+            self.loader.load_seconds += reading
         if coordinator:
             self.coordinator.final = latest_test(found)
             self.stopping.load_state_dict(found.coordinator.get("stopping", {}))
