@@ -6,9 +6,14 @@ also averaged at the end of every epoch, so evaluation, checkpoints and the save
 hold the consensus, never one worker's drifted copy.
 
 With groups (cluster.groups = G) the workers are split into G contiguous groups of nearly
-equal size, and every `group_period` steps each group averages within itself; rounds across
-all workers every `period` keep the groups together. Inside a rack or a machine the group
-round is cheap, so the slow network between groups carries one exchange per `period` only.
+equal size (or one group per machine: "machine"), and every `group_period` steps each group
+averages within itself; rounds across all workers every `period` keep the groups together.
+Inside a rack or a machine the group round is cheap, so the slow network between groups carries
+one exchange per `period` only.
+
+With shares sized by speed (cluster.balance) a faster worker takes more steps: periods count the
+nominal steps of an equal share, and each mean weighs a replica by the rows it trained on since
+the last round.
 """
 
 from __future__ import annotations
@@ -97,8 +102,9 @@ class ModelAveraging(CollectiveAlgorithm):
             self.averaged_at = step
         elif group_period is not None and step % group_period == 0:
             self.average_group_()
-            if self.groups == 1:  # the one group is every worker
+            if self.groups == 1:  # the one group is every worker: a round of all
                 self.averaged_at = step
+                self.rows[0] = 0
 
     def end_epoch(self, epoch: int) -> None:
         if self.averaged_at != self.step_count:

@@ -81,7 +81,9 @@ class Algorithm:
         """Called after loss.backward() on a batch of `rows` rows, before the optimizer's step."""
 
     def after_step(self, step: int) -> None:
-        """Called after the update of global step `step` (counted from 1 across epochs)."""
+        """Called after the update of global step `step` (counted from 1 across epochs). Where a collective
+        algorithm's workers run their own step counts (shares sized by speed) the steps are those of the
+        nominal clock: a batch may complete none, one or several, and every worker completes each once."""
 
     def end_epoch(self, epoch: int) -> None:
         """Called on a trainer when it has finished epoch `epoch` (from 0)."""

@@ -16,7 +16,10 @@ resumed job continues exactly. Each epoch ends with an elastic round (when steps
 since the last one), and the batch-norm statistics (local, never part of the centre) are
 averaged over all workers as in model averaging.
 
-With groups (cluster.groups = G), each group of contiguous workers has its own centre and
+With shares sized by speed (cluster.balance) a faster worker takes more steps between rounds:
+periods count the nominal steps of an equal share; the elastic pull is each worker's alike.
+
+With groups (cluster.groups = G, or "machine"), each group of contiguous workers has its own centre and
 runs its elastic rounds every `group_period` steps; every `period` steps (and at every epoch's
 end) the group centres and their velocities are replaced by their mean over all workers (each
 group weighs as many workers as it has). Workers are not moved by that average: their next

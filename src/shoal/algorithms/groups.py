@@ -1,7 +1,8 @@
 """Hierarchical groups and periods: the checks and the rank layout that several algorithms share.
 
 Averaging, synchronous EASGD and Downpour split their workers into contiguous groups of nearly
-equal size (cluster.groups) and count rounds in periods of steps; the rules for both live here
+equal size (cluster.groups; averaging and synchronous EASGD also one group per machine) and count
+rounds in periods of steps; the rules for both live here
 so that each algorithm states them the same way and none imports another.
 """
 

@@ -102,6 +102,7 @@ class Communicator:
         self.group = group
         self.device = device  # where small tensors travel: NCCL moves only device memory
         self.seconds = 0.0  # time spent in collectives, read by the loop for its time split
+        self.parent: Communicator | None = None  # the communicator this one was split from: it counts our time too
 
     def split(self, members: list[list[int]]) -> Communicator:
         """A communicator over the list in `members` that holds this rank (ranks of this communicator).
@@ -121,7 +122,9 @@ class Communicator:
                 created = handle
         if created is None:
             return Communicator(0, 1, device=self.device)
-        return Communicator(mine.index(self.rank), len(mine), group=created, device=self.device)
+        child = Communicator(mine.index(self.rank), len(mine), group=created, device=self.device)
+        child.parent = self  # a group round's time is communication in the loop's split, not compute
+        return child
 
     def global_rank(self, rank: int) -> int:
         """The world rank of this communicator's rank `rank` (for point-to-point messages)."""
@@ -130,7 +133,11 @@ class Communicator:
     def _timed(self, operation, *args, **kwargs):
         start = time.perf_counter()
         result = operation(*args, group=self.group, **kwargs)
-        self.seconds += time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        communicator = self
+        while communicator is not None:
+            communicator.seconds += elapsed
+            communicator = communicator.parent
         return result
 
     def all_reduce_sum_(self, buffer: torch.Tensor) -> torch.Tensor:

@@ -115,14 +115,21 @@ class FakeCommunicator:
         self.group, self.rank, self.world_size = group, rank, group.world_size
         self.device = device
         self.seconds = 0.0  # time spent waiting in communication, as the real one counts it
+        self.parent: FakeCommunicator | None = None  # as the real one: a sub-communicator's time counts here too
         self._splits = 0
+
+    def _count(self, start: float) -> None:
+        elapsed, communicator = time.perf_counter() - start, self
+        while communicator is not None:
+            communicator.seconds += elapsed
+            communicator = communicator.parent
 
     def _exchange(self, operation: str, value) -> list:
         start = time.perf_counter()
         try:
             return self.group.exchange(operation, self.rank, value)
         finally:
-            self.seconds += time.perf_counter() - start
+            self._count(start)
 
     def split(self, members: list[list[int]]) -> FakeCommunicator:
         """The sub-communicator of the list in `members` holding this rank (collective, like the real one)."""
@@ -135,7 +142,9 @@ class FakeCommunicator:
             alone = FakeGroup(1, self.group.timeout, [self.global_rank(self.rank)], self.group.world)
             return FakeCommunicator(alone, 0, self.device)
         group = self.group.subgroup((self._splits, tuple(mine)), mine)
-        return FakeCommunicator(group, mine.index(self.rank), self.device)
+        child = FakeCommunicator(group, mine.index(self.rank), self.device)
+        child.parent = self
+        return child
 
     def global_rank(self, rank: int) -> int:
         """The world rank of this communicator's rank `rank`."""
@@ -178,7 +187,7 @@ class FakeCommunicator:
         try:
             sender, message = self.group.take(self.global_rank(self.rank), source, tag, "receive")
         finally:
-            self.seconds += time.perf_counter() - start
+            self._count(start)
         if message.shape != tensor.shape:
             raise ValueError(f"fake receive on rank {self.rank}: a message of shape {tuple(message.shape)} from "
                              f"rank {sender} does not fit a tensor of shape {tuple(tensor.shape)}")

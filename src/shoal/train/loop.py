@@ -118,9 +118,10 @@ class Trainer:
         self.group_rows += rows
         self.global_step += 1
         done = step_in_epoch + 1
+        crossed = self.algorithm_steps(step_in_epoch)
         if not self.accumulate or done % self.accumulate == 0 or done == self.loader.steps:  # groups end with epochs
-            self.update()
-        for step in self.algorithm_steps(step_in_epoch):
+            self.update(len(crossed))
+        for step in crossed:
             self.algorithm.after_step(step)
         return loss.item()  # also waits for the device, so the step's timing is honest
 
@@ -135,8 +136,10 @@ class Trainer:
         crossed = nominal_crossed(step_in_epoch + 1, self.loader.steps, plan.nominal)
         return range(first + crossed.start, first + crossed.stop)
 
-    def update(self) -> None:
-        """The group's mean gradient, exchanged, clipped and applied; the schedule moves on."""
+    def update(self, schedule_steps: int = 1) -> None:
+        """The group's mean gradient, exchanged, clipped and applied; the schedule moves on `schedule_steps`
+        steps (the nominal steps this batch completes, where workers run their own step counts, so every
+        replica's per-step schedule keeps to the job's clock)."""
         if self.accumulate:
             for parameter in self.model.parameters():
                 if parameter.grad is not None:
@@ -146,5 +149,6 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
         self.optimizer.step()  # a no-op where the algorithm took the gradients over (Downpour)
         if self.schedule is not None:
-            self.schedule.after_step()
+            for _ in range(schedule_steps):
+                self.schedule.after_step()
         self.group_rows = 0

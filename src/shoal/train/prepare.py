@@ -263,8 +263,9 @@ def check_world_size(job: JobConfig, world_size: int, train_set: Dataset, algori
     largest = -(-train_set.rows // trainers)
     row_bytes = train_set.features * train_set.feature_dtype.itemsize
     plan_memory(largest, row_bytes, job.train.batch_size, job.data.memory_budget)
-    if job.cluster.balance != "equal" and trainers > 1:
-        check_moved_share(job, train_set.rows, row_bytes, trainers * job.train.batch_size)
+    if job.cluster.balance != "equal" and trainers > 1:  # where all take the same steps, batches grow with shares
+        batch = trainers * job.train.batch_size if algorithm.same_steps() else job.train.batch_size
+        check_moved_share(job, train_set.rows, row_bytes, batch)
 
 
 def check_moved_share(job: JobConfig, rows: int, row_bytes: int, batch: int) -> None:

@@ -274,7 +274,9 @@ def worker_paces(last_epoch: EpochEnd | None) -> list[WorkerPace]:
                           rate=worker_rate(worker) if recorded else None,
                           share=worker_share(worker, total) if recorded else None) for worker in last_epoch.workers]
     if len(workers) > 1:  # one worker is not "the slowest"
-        min(workers, key=lambda worker: worker.steps_per_second).slowest = True
+        # where shares differ, steps per second say nothing of speed: the rate of own work does
+        pace = "rate" if all(worker.rate is not None for worker in workers) else "steps_per_second"
+        min(workers, key=lambda worker: getattr(worker, pace)).slowest = True
     return workers
 
 

@@ -169,3 +169,70 @@ def test_replicas_on_own_steps_meet_on_the_nominal_clock_and_weigh_by_rows(tmp_p
     for mine, theirs, expected in zip(results[0]["state"], results[1]["state"], reference(path, period), strict=True):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0)  # the replicas hold the consensus
         torch.testing.assert_close(mine, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_with_one_group_a_group_round_is_a_round_of_all_and_starts_the_row_count_again():
+    """One group: its rounds (every group_period) are rounds of every worker; the next round across all
+    workers must weigh the rows since that one, not since the last `period` (a resumed job starts from 0)."""
+    def rounds(comm):
+        with SEEDING:
+            model = nn.Sequential(nn.Linear(FEATURES, 4))
+        algorithm = ModelAveraging(AveragingOptions(period=4, group_period=2), 1)
+        algorithm.weigh_by_rows = True
+        algorithm.setup(model, torch.optim.SGD(model.parameters(), lr=0.1), comm)
+        algorithm.after_backward(10 * (comm.rank + 1))
+        algorithm.after_step(1)
+        algorithm.after_backward(10 * (comm.rank + 1))
+        algorithm.after_step(2)  # the group round: every worker
+        counted = list(algorithm.rows)
+        fill(model, float(comm.rank + 1))
+        algorithm.after_backward(3 if comm.rank == 0 else 1)
+        algorithm.after_step(3)
+        algorithm.after_step(4)  # the round across all, weighed by steps 3-4's rows only
+        return counted, model_state(model)[0].flatten()[0].item()
+
+    for counted, value in run_ranks(2, rounds):
+        assert counted == [0, 0]
+        assert value == pytest.approx((3 * 1 + 1 * 2) / 4, rel=1e-6)
+
+
+def test_a_group_rounds_time_is_communication_of_the_job_as_well():
+    """The loop reads the job's communicator for its time split and speed shares its rates: time spent in a
+    group's sub-communicator must count there too, or a fast worker's wait in a group round looks like work."""
+    def timed(comm):
+        group = comm.split([[0, 1]])
+        before = comm.seconds
+        group.all_reduce_sum_(torch.ones(3))
+        return group.seconds, comm.seconds - before
+
+    for own, parent in run_ranks(2, timed):
+        assert own > 0 and parent == pytest.approx(own)
+
+
+def test_a_per_step_schedule_keeps_to_the_nominal_clock_on_every_worker(tmp_path):
+    """A faster worker takes more steps: its per-step schedule (OneCycleLR sized by the job's steps) moves
+    once per nominal step, as every other worker's, never past its total."""
+    from shoal.train.schedule import make_schedule
+
+    path = write_dataset(tmp_path / "data", ROWS)
+    total = EPOCHS * PLAN.nominal
+
+    def scheduled(comm):
+        with SEEDING:
+            model = small_model()
+        optimizer = optimizer_for(model)
+        schedule = make_schedule({"name": "OneCycleLR", "max_lr": 0.1, "total_steps": total}, optimizer)
+        algorithm = ModelAveraging(AveragingOptions(period="epoch"))
+        algorithm.weigh_by_rows = True
+        algorithm.setup(model, optimizer, comm)
+        loader = ShardLoader(open_dataset(path), rank=comm.rank, world_size=comm.world_size, batch_size=BATCH,
+                             seed=SEED, plan=PLAN)
+        trainer = Trainer(model, optimizer, Objective("cross_entropy", CLASSES), algorithm, loader, comm,
+                          schedule=schedule)
+        for epoch in range(EPOCHS):
+            trainer.train_epoch(epoch)
+        return trainer.global_step, optimizer.param_groups[0]["lr"]
+
+    (fast_steps, fast_lr), (slow_steps, slow_lr) = run_ranks(2, scheduled)
+    assert (fast_steps, slow_steps) == (EPOCHS * PLAN.steps[0], EPOCHS * PLAN.steps[1])  # 16 and 8 steps
+    assert fast_lr == slow_lr  # the same point of the cycle: its last step
