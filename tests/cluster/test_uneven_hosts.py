@@ -138,3 +138,20 @@ def test_averaging_and_downpour_complete_on_2_and_1_workers(two_hosts, project_e
     # Downpour's rank 0 serves (on host0) and trains nothing: its trainers are ranks 1 and 2
     assert hosts == (LAYOUT if algorithm == "averaging" else {1: "host0", 2: "host1"})
     assert (run_dir / "model.pt").is_file()
+
+
+@pytest.mark.timeout(2 * JOB_SECONDS + 60)
+def test_groups_by_machine_are_each_machines_workers(two_hosts, project_env, tmp_path):
+    """cluster.groups = "machine" on 2 + 1 workers makes the groups [0, 1] and [2]: the weights of the same job
+    with the two contiguous groups of cluster.groups = 2 on 3 local workers."""
+    job = write_job(two_hosts.shared, "averaging")
+    rounds = ["--set", "algorithm.period=4", "--set", "algorithm.group_period=2"]
+    run_dir = two_hosts.shared / "run-averaging-by-machine"
+    by_hand(two_hosts, job, run_dir, project_env, "--set", 'cluster.groups="machine"', *rounds)
+    assert placed(run_dir) == (3, LAYOUT)
+    reference = tmp_path / "local"
+    finished = subprocess.run([sys.executable, "-m", "shoal", "train", job, "--workers", "3", "--run-dir",
+                               str(reference), "--set", "cluster.groups=2", *rounds], capture_output=True, text=True,
+                              env=project_env, timeout=JOB_SECONDS)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert_same_weights(run_dir, reference)
