@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.data.balance import proportional
 from shoal.events import read_events
 from tests.cluster.hosts import EmulatedCluster, missing_requirements
 from tests.cluster.jobs import PORT
@@ -101,7 +102,11 @@ def test_the_host_with_a_core_to_itself_gets_more_rows(uneven_cluster, project_e
     assert max(shares[0]) - min(shares[0]) <= 1  # equal until a rate is measured
     rates = [[round(worker["rate"]) for worker in epoch["workers"]] for epoch in ended]  # for the messages
     assert ended[0].get("next_shares") == shares[1], (shares, rates)  # moved after the first epoch
+    # exactly the first epoch's measured rates, as recorded (the moving figure starts from them)
+    first = [worker["rate"] for worker in sorted(ended[0]["workers"], key=lambda worker: worker["rank"])]
+    assert shares[1] == proportional(ROWS, first), (shares, rates)
     for epoch, rows in enumerate(shares[1:], start=2):
         fast, *shared = rows
-        # about twice each of the others' (a core against half of one); the margins take the machine's noise
-        assert all(1.4 <= fast / other <= 3.0 for other in shared), (epoch, shares, rates)
+        # about twice each of the others' (a core against half of one; measured 1.8 to 3.1 times): the
+        # margins take the machine's noise and the scheduler's turns on the shared core
+        assert all(1.4 <= fast / other <= 4.5 for other in shared), (epoch, shares, rates)

@@ -188,7 +188,7 @@ def test_speed_shares_survive_a_restart(task, algorithm, workers, tmp_path, proj
     assert [loaded["shares"][rank]["rows"] for rank in trainers] == planned, loaded
 
 
-@pytest.mark.parametrize("balance", ["speed", "equal", "[1, 3]"])
+@pytest.mark.parametrize("balance", ["equal", "[1, 3]"])
 def test_resuming_with_another_balance_is_refused(uninterrupted, balance, tmp_path, project_env):
     run_dir = tmp_path / "run"
     shutil.copytree(uninterrupted("averaging"), run_dir)
