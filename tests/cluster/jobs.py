@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.distributed.common import write_dataset
 from tests.e2e.jobs import write_task
 
@@ -95,6 +97,17 @@ def train_on_two_hosts(cluster, job: str, run_dir, env, *options: str, node_rank
         log = log_of(cluster, run_dir, host)
         assert launcher.returncode == 0, f"host {host}:\n{log[-3000:]}"
         assert "socket.cpp" not in log, "torch's store warnings reached the terminal"
+
+
+def wait_for_nodes(launchers: list[subprocess.Popen], logs: list[Path], seconds: float = JOB_SECONDS) -> None:
+    """Every node's launcher must end, within `seconds` in all, and succeed; a failure shows its log's end."""
+    deadline = time.monotonic() + seconds
+    for launcher, log in zip(launchers, logs):
+        try:
+            launcher.wait(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{log.name} still runs after {seconds:g} s:\n{log.read_text()[-3000:]}")
+        assert launcher.returncode == 0, log.read_text()[-3000:]
 
 
 def train_on_one_host(job: str, run_dir, env) -> None:

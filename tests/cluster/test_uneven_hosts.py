@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import torch
 
 from shoal.events import read_events
 from shoal.train.artifacts import load_model
-from tests.cluster.jobs import JOB_SECONDS, PORT, write_job
+from tests.cluster.jobs import JOB_SECONDS, PORT, wait_for_nodes, write_job
 
 LAYOUT = {0: "host0", 1: "host0", 2: "host1"}  # rank: the machine it ran on
 TOLERANCE = 1e-6
@@ -37,13 +36,7 @@ def by_hand(cluster, job: str, run_dir: Path, env: dict, *options: str, resume: 
                    "uneven-hosts", *options]
         logs.append(cluster.shared / f"{run_dir.name}-host{host}{'-resumed' if resume else ''}.log")
         launchers.append(cluster.start(host, command, log=logs[-1], env=env))
-    deadline = time.monotonic() + JOB_SECONDS
-    for launcher, log in zip(launchers, logs):
-        try:
-            launcher.wait(timeout=max(deadline - time.monotonic(), 1))
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{log.name} still runs after {JOB_SECONDS} s:\n{log.read_text()[-3000:]}")
-        assert launcher.returncode == 0, log.read_text()[-3000:]
+    wait_for_nodes(launchers, logs)
 
 
 def from_one_terminal(cluster, job: str, run_dir: Path, env: dict, hosts: str = "host0:2,host1:1") -> str:

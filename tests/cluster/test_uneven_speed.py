@@ -8,9 +8,7 @@ the others, every epoch's rows add up to the training rows, and the job complete
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ import pytest
 from shoal.data.balance import proportional
 from shoal.events import read_events
 from tests.cluster.hosts import EmulatedCluster, missing_requirements
-from tests.cluster.jobs import PORT
+from tests.cluster.jobs import PORT, wait_for_nodes
 from tests.e2e.jobs import write_task
 
 HOSTS = 3
@@ -71,13 +69,7 @@ def train_on_every_host(cluster, job: str, run_dir: Path, env: dict) -> None:
                    str(run_dir)]
         logs.append(cluster.shared / f"{run_dir.name}-host{host}.log")
         launchers.append(cluster.start(host, command, env=env, log=logs[-1]))
-    deadline = time.monotonic() + JOB_SECONDS
-    for launcher, log in zip(launchers, logs):
-        try:
-            launcher.wait(timeout=max(deadline - time.monotonic(), 1))
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{log.name} still runs after {JOB_SECONDS} s:\n{log.read_text()[-3000:]}")
-        assert launcher.returncode == 0, log.read_text()[-3000:]
+    wait_for_nodes(launchers, logs, JOB_SECONDS)
 
 
 # 12 s on an idle 2-core machine (host0's worker ~90k rows/s, the others ~46k each); other processes on the

@@ -73,8 +73,7 @@ def make_algorithm(name: str, options: dict, groups: int | str | list[list[int]]
     typed = options_class(name)(**options)
     cls = algorithm_class(name, typed)
     if groups == "machine":
-        if issubclass(cls, ServerAlgorithm) or not cls.supports_groups:
-            cls(typed, [[0]])  # says why in one line
+        if issubclass(cls, ServerAlgorithm) or not cls.supports_groups:  # sub-masters are ranks 1..G, not machines
             raise ConfigError(f'cluster.groups: "machine" groups are for averaging and synchronous EASGD, not {name}')
         groups = 1
     return cls(typed, groups)

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from shoal.data.partition import batch_bounds, share, steps_per_epoch
-from shoal.errors import DataError
+from shoal.errors import ConfigError, DataError
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,13 @@ def plan_from_shares(shares: list[int], batch_size: int, same_steps: bool) -> Pl
     nominal = nominal_steps(sum(shares), len(shares), batch_size)
     steps = [nominal] * len(shares) if same_steps else [math.ceil(rows / batch_size) for rows in shares]
     return Plan(tuple(shares), tuple(steps), nominal, batch_size)
+
+
+def check_speeds(balance, trainers: int) -> None:
+    """cluster.balance as a list: one relative speed per training worker."""
+    if isinstance(balance, list) and len(balance) != trainers:
+        raise ConfigError(f"cluster.balance: {len(balance)} speeds given for {trainers} training workers; give one "
+                          "per training worker, in rank order")
 
 
 def nominal_crossed(step_in_epoch: int, steps: int, nominal: int) -> range:

@@ -10,8 +10,7 @@ trains its next epoch on the shares the interrupted one would have used.
 
 from __future__ import annotations
 
-from shoal.data.balance import Plan, equal_plan, plan_from_shares, proportional, weighted_plan
-from shoal.errors import ConfigError
+from shoal.data.balance import Plan, check_speeds, equal_plan, plan_from_shares, weighted_plan
 from shoal.train.loop import EpochStats
 
 SMOOTHING = 0.5
@@ -34,9 +33,7 @@ class Balancer:
         self.rows, self.batch_size, self.same_steps = rows, batch_size, same_steps
         self.rates: list[float] | None = None
         if isinstance(balance, list):
-            if len(balance) != trainers:
-                raise ConfigError(f"cluster.balance: {len(balance)} speeds given for {trainers} training workers; "
-                                  "give one per training worker, in rank order")
+            check_speeds(balance, trainers)
             self.plan = weighted_plan(rows, [float(speed) for speed in balance], batch_size, same_steps)
         elif balance == "speed":
             self.plan = weighted_plan(rows, [1.0] * trainers, batch_size, same_steps)
@@ -53,11 +50,10 @@ class Balancer:
                       for new, old in zip(measured, before)]
         if not all(value > 0 for value in self.rates):  # a worker that measured nothing: nothing to follow
             return None
-        minimum = self.plan.nominal if self.same_steps else 1
-        shares = proportional(self.rows, self.rates, minimum)
-        if busiest(shares, self.rates) >= (1 - TOLERANCE) * busiest(list(self.plan.shares), self.rates):
+        moved = weighted_plan(self.rows, self.rates, self.batch_size, self.same_steps)
+        if busiest(list(moved.shares), self.rates) >= (1 - TOLERANCE) * busiest(list(self.plan.shares), self.rates):
             return None
-        self.plan = plan_from_shares(shares, self.batch_size, self.same_steps)
+        self.plan = moved
         return self.plan
 
     def state_dict(self) -> dict:

@@ -19,6 +19,7 @@ import torch
 
 from shoal.algorithms import Algorithm, ServerAlgorithm, make_algorithm, trainer_ranks
 from shoal.config import JobConfig
+from shoal.data.balance import check_speeds
 from shoal.data.compatible import TRAINING, check_compatible, schema
 from shoal.data.format import Dataset, open_dataset
 from shoal.data.loader import plan_memory
@@ -256,10 +257,7 @@ def check_world_size(job: JobConfig, world_size: int, train_set: Dataset, algori
     if train_set.rows < trainers:
         raise ConfigError(f"data.train: {train_set.path} has {train_set.rows:,} rows, fewer than the {trainers} "
                           "training workers")
-    speeds = job.cluster.balance
-    if isinstance(speeds, list) and len(speeds) != trainers:
-        raise ConfigError(f"cluster.balance: {len(speeds)} speeds given for {trainers} training workers; give one "
-                          "per training worker, in rank order")
+    check_speeds(job.cluster.balance, trainers)
     largest = -(-train_set.rows // trainers)
     row_bytes = train_set.features * train_set.feature_dtype.itemsize
     plan_memory(largest, row_bytes, job.train.batch_size, job.data.memory_budget)
