@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from shoal.algorithms import make_algorithm, trainer_ranks
 from shoal.cluster.env import threads_per_worker
 from shoal.cluster.node import forkserver
 from shoal.cluster.node.rendezvous import Nodes
 from shoal.cluster.node.supervisor import Plan, supervise
-from shoal.config import ClusterConfig, JobConfig, apply_overrides, parse_override
+from shoal.config import GROUP_BY_MACHINE, ClusterConfig, JobConfig, apply_overrides, parse_override
+from shoal.data.balance import equal_plan
 from shoal.errors import ConfigError
-from shoal.events import EVENTS_FILE, EpochEnd, read_history
+from shoal.events import EVENTS_FILE, EpochEnd, Membership, read_history
 from shoal.fit_inputs import (
     CALLBACKS_FILE,
     MODEL_FILE,
@@ -32,12 +36,12 @@ from shoal.jobs import from_dict, load_job
 from shoal.model import Trust, check_trusted, object_file
 from shoal.notebook import EpochRelay, in_notebook
 from shoal.train.artifacts import load_model
-from shoal.train.checkpoint import check_resumable
+from shoal.train.checkpoint import check_resumable, newest_epoch
 from shoal.train.directory import JOB_FILE, check_new_run_dir, new_run_dir, write_job_file
 from shoal.train.exits import restart_record
 from shoal.train.lock import hold_run_dir
 from shoal.train.loggers import check_installed
-from shoal.train.prepare import check_device, check_world_size, prepare
+from shoal.train.prepare import Prepared, check_device, check_world_size, prepare
 
 
 @dataclass
@@ -85,7 +89,10 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
             held.enter_context(_hold(run_dir, nodes))
         if job.model.object:  # a shipped model is read from the run directory only: a missing one stops here
             object_file(job.model.object, run_dir)
-        prepared = prepare(job, run_dir=run_dir)
+        prepared = functools.cache(lambda: prepare(job, run_dir=run_dir))
+        streamed = nodes.count > 1 and not datasets_here(job)  # read once the first machine serves them
+        if not streamed:
+            prepared()
         check_device(job)
         layout = functools.partial(check_layout, job, prepared, run_dir if resume else None)
         if nodes.count == 1:  # across machines the total is known once all have met: the supervisor checks it then
@@ -99,15 +106,33 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
         threads = threads_per_worker(job.cluster.threads, job.cluster.workers)
         supervise(Plan(job_file, run_dir, workers=job.cluster.workers, threads=threads, timeout=job.cluster.timeout,
                        restart_record=restart_record, max_restarts=max_restarts, resume=resume,
-                       callbacks=callbacks, server=server, check_layout=layout if nodes.count > 1 else None), nodes)
+                       callbacks=callbacks, server=server, check_layout=layout if nodes.count > 1 else None,
+                       elastic=nodes.elastic, rejoin_timeout=job.cluster.rejoin_timeout,
+                       membership_record=functools.partial(membership_record, job, prepared),
+                       datasets=[path for path in (job.data.train, job.data.test) if path], streamed=streamed), nodes)
 
 
-def check_layout(job: JobConfig, prepared, resumed: Path | None, world_size: int) -> None:
+def datasets_here(job: JobConfig) -> bool:
+    """Whether this machine reads the job's datasets itself (a URI, or a path it sees); a machine that does
+    not streams them from the first machine's data server (shoal.data.flight)."""
+    return all("://" in path or os.path.lexists(path) for path in (job.data.train, job.data.test) if path)
+
+
+def check_layout(job: JobConfig, prepared: Callable[[], Prepared], resumed: Path | None, world_size: int) -> None:
     """What `world_size` workers in all must fit: the algorithm's and the rows' checks, and a resume's
-    checkpoints (written by as many)."""
-    check_world_size(job, world_size, prepared.train_set)
+    checkpoints (another world size is resharded; `prepared()`: the job's opened datasets and model, read once)."""
+    check_world_size(job, world_size, prepared().train_set)
     if resumed is not None:
-        check_resumable(resumed, job, prepared.spec, prepared.train_set, world_size)
+        check_resumable(resumed, job, prepared().spec, prepared().train_set, world_size)
+
+
+def membership_record(job: JobConfig, prepared: Callable[[], Prepared], run_dir: Path, world_size: int) -> Membership:
+    """A `membership` event's checkpoint epoch and shares for `world_size` workers in all (its launcher adds
+    the machines): equal shares of the training rows, as the next epoch starts with."""
+    groups = 1 if job.cluster.groups == GROUP_BY_MACHINE else job.cluster.groups
+    trainers = len(trainer_ranks(make_algorithm(job.algorithm.name, job.algorithm.options, groups), world_size))
+    shares = equal_plan(prepared().train_set.rows, trainers, job.train.batch_size).shares
+    return Membership(from_epoch=newest_epoch(run_dir), world_size=world_size, shares=list(shares))
 
 
 def absolute_data_paths(job: JobConfig) -> None:

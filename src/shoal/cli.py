@@ -41,26 +41,27 @@ def train_here(args: argparse.Namespace, server=None) -> int:
         job = resolve_job(args.job, args.overrides)
     if args.max_restarts < 0:
         raise ShoalError(f"--max-restarts: must be >= 0, got {args.max_restarts}")
-    if args.hosts or args.hostfile or (job.cluster.hosts and not args.stop_when_input_closes and args.nnodes == 1):
+    if args.hosts or args.hostfile or (job.cluster.hosts and not args.stop_when_input_closes and args.nnodes is None):
         if server is not None:  # the hosts run the workers
             server.close()
         return command_train_hosts(args, job)
-    if args.nnodes < 1:
-        raise ShoalError(f"--nnodes: must be >= 1, got {args.nnodes}")
-    if args.node_rank is not None and not 0 <= args.node_rank < args.nnodes:
-        raise ShoalError(f"--node-rank: must be in 0..{args.nnodes - 1}, got {args.node_rank}")
-    job = resolve_job(job, [], workers_for(args.workers, job, args.nnodes))
+    minimum, maximum = machines(args, job)
+    if args.node_rank is not None and not 0 <= args.node_rank < (maximum if minimum == maximum else 1):
+        raise ShoalError(f"--node-rank: must be in 0..{maximum - 1}, got {args.node_rank}" if minimum == maximum else
+                         f"--node-rank: with --nnodes {minimum}:{maximum} machines are numbered as they join: give "
+                         "none (the endpoint's machine is node 0)")
+    job = resolve_job(job, [], workers_for(args.workers, job, maximum))
     if args.resume is not None:
         run_dir = args.resume
     else:
-        if args.nnodes > 1 and args.run_dir is None and not job.output.run_dir:
+        if maximum > 1 and args.run_dir is None and not job.output.run_dir:
             # each machine would pick its own dated folder, and a resume would not find the others'
             raise ShoalError("--run-dir: required with --nnodes > 1 (the same path on every machine)")
         run_dir = new_run_dir(job, args.run_dir)
     if args.interface:
         use_interface(args.interface)  # the workers inherit it
     secret = node_secret(args)
-    nodes = Nodes(count=args.nnodes, rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id,
+    nodes = Nodes(count=maximum, minimum=minimum, rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id,
                   secret=secret)
     try:
         start(job, run_dir, nodes, resume=args.resume is not None, max_restarts=args.max_restarts, server=server)
@@ -73,6 +74,17 @@ def train_here(args: argparse.Namespace, server=None) -> int:
             print("final " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
     print(f"run directory: {run_dir}")
     return 0
+
+
+def machines(args: argparse.Namespace, job) -> tuple[int, int]:
+    """(MIN, MAX) machines: --nnodes, else the job's cluster.nodes; the job records what was given."""
+    from shoal.config import node_range
+
+    if args.nnodes is None:
+        return node_range(job.cluster.nodes, "cluster.nodes")
+    minimum, maximum = node_range(args.nnodes, "--nnodes")
+    job.cluster.nodes = maximum if minimum == maximum else f"{minimum}:{maximum}"
+    return minimum, maximum
 
 
 def node_secret(args: argparse.Namespace) -> str | None:
@@ -122,7 +134,7 @@ def command_train_hosts(args: argparse.Namespace, job) -> int:
     from shoal.cluster.signals import Interrupted
     from shoal.train.directory import new_run_dir
 
-    if args.nnodes != 1 or args.node_rank is not None or args.rdzv_endpoint or args.interface:
+    if args.nnodes is not None or args.node_rank is not None or args.rdzv_endpoint or args.interface:
         raise ShoalError("--hosts: the nodes' ranks, meeting place and interfaces are chosen for them; leave out "
                          "--nnodes, --node-rank, --rdzv-endpoint and --interface")
     if args.hosts and args.hostfile:
@@ -377,7 +389,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a job key, e.g. --set train.epochs=3 (repeatable)")
     cluster = train.add_argument_group("multi-machine (torchrun's arguments)")
-    cluster.add_argument("--nnodes", type=int, default=1, help="machines in the job")
+    cluster.add_argument("--nnodes", metavar="N|MIN:MAX", help="machines in the job (default cluster.nodes, 1); "
+                         "MIN:MAX: the job goes on while MIN remain and takes machines that join, up to MAX")
     cluster.add_argument("--node-rank", type=int,
                          help="this machine's rank (default: 0 on the endpoint's machine, others in order of arrival)")
     cluster.add_argument("--rdzv-endpoint", help="HOST:PORT on the first machine, where the machines meet "

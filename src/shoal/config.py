@@ -174,6 +174,12 @@ class ClusterConfig:
     """How an epoch's rows are shared among the training workers: "equal" shares; "speed", shares
     proportional to each worker's measured rows per second (moved at epoch boundaries); or a list of
     relative speeds, one per training worker, for machines whose speeds are known."""
+    nodes: int | str = 1
+    """Machines in the job (as --nnodes): a number, or "MIN:MAX" for a job that goes on while at least MIN
+    remain and takes machines that join, up to MAX, at an epoch's end."""
+    rejoin_timeout: float = 60.0
+    """With nodes "MIN:MAX": seconds a lost machine has to come back before the others go on without it, and
+    at the start how long the first machines wait for more than MIN."""
     hosts: list[str] | None = None
     """The machines `shoal train` starts from one terminal, "name" or "name:workers" (as --hosts)."""
     remote: str = "ssh {host}"
@@ -200,7 +206,12 @@ class ClusterConfig:
             parse_size("cluster.memory_per_worker", self.memory_per_worker)
         if self.device not in DEVICES:
             raise ConfigError(f"cluster.device: must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        node_range(self.nodes, "cluster.nodes")
         low, high = TIMEOUT_RANGE
+        if not (isinstance(self.rejoin_timeout, (int, float)) and not isinstance(self.rejoin_timeout, bool)
+                and low <= self.rejoin_timeout <= high):
+            raise ConfigError(f"cluster.rejoin_timeout: must be seconds from {low:g} to {high:g} (a week), "
+                              f"got {self.rejoin_timeout!r}")
         if not (isinstance(self.timeout, (int, float)) and not isinstance(self.timeout, bool)
                 and low <= self.timeout <= high):  # NaN fails the comparison too
             raise ConfigError(f"cluster.timeout: must be seconds from {low:g} to {high:g} (a week), "
@@ -283,6 +294,19 @@ def parse_size(key: str, value: Any) -> int:
             if size > 0:
                 return size
     raise ConfigError(f"{key}: must be a size in bytes, e.g. 536870912, \"512MB\" or \"2GiB\", got {value!r}")
+
+
+def node_range(value: Any, key: str) -> tuple[int, int]:
+    """(MIN, MAX) machines from `N` or "MIN:MAX" (torchrun's syntax); `key` names the option in errors."""
+    text = str(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else ""
+    low, _, high = text.partition(":")
+    try:
+        minimum, maximum = int(low), int(high or low)
+    except ValueError:
+        raise ConfigError(f"{key}: must be a number of machines or MIN:MAX, got {value!r}") from None
+    if not 1 <= minimum <= maximum:
+        raise ConfigError(f"{key}: must be 1 <= MIN <= MAX, got {value!r}")
+    return minimum, maximum
 
 
 def check_balance(balance: Any) -> None:

@@ -135,6 +135,10 @@ class JobResumed(JobStart):
     """A coordinator started again from a checkpoint (a restart or `--resume`); repeats job_start's details."""
 
     kind: ClassVar[str] = "job_resumed"
+    resharded_from: int | None = None
+    """Where the checkpoint was resharded (every rank took rank 0's state: a resume on another number of
+    workers than the one that wrote it, or ranks that held no file of it), the number that wrote it;
+    `world_size` is the new one. None for an exact resume."""
 
 
 @dataclass(kw_only=True)
@@ -230,6 +234,27 @@ class JobRestarted(Event):
 
 
 @dataclass(kw_only=True)
+class Membership(Event):
+    """The machines of a job whose size may change (`--nnodes MIN:MAX`) as an attempt begins: who is in,
+    who left or joined since the last attempt and why, and where training goes on from."""
+
+    kind: ClassVar[str] = "membership"
+    attempt: int = 0
+    hosts: list[str] = field(default_factory=list)
+    """Each machine in the job now, in node order."""
+    workers: list[int] = field(default_factory=list)
+    """Each machine's worker count, in the order of `hosts`."""
+    world_size: int = 0
+    left: list[str] = field(default_factory=list)
+    joined: list[str] = field(default_factory=list)
+    reason: str = ""
+    from_epoch: int = 0
+    """The checkpoint's epoch the new membership trains on from (0: the start)."""
+    shares: list[int] | None = None
+    """Each training worker's rows in the next epoch (equal shares over the new world size)."""
+
+
+@dataclass(kw_only=True)
 class JobEnd(Event):
     """The job is over: `completed` (with the final metrics and the model) or `failed`/`interrupted` and why."""
 
@@ -250,7 +275,7 @@ class JobEnd(Event):
 
 KINDS: dict[str, type[Event]] = {kind.kind: kind for kind in (
     JobStart, JobResumed, DataLoaded, Progress, EpochEnd, Checkpoint, Validation, WorkerFailed, JobRestarted,
-    JobEnd)}
+    Membership, JobEnd)}
 
 
 # ---------------------------------------------------------------- writing

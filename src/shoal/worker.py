@@ -24,6 +24,7 @@ from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import choose_device, get_dist_info, init_process_group, threads_per_worker
 from shoal.cluster.environments import Slurm, detect, named
 from shoal.cluster.orphan import end_with_parent
+from shoal.cluster.regroup import Regroup, regroup_stop
 from shoal.cluster.requeue import EXIT_REQUEUED, EpochEndStop, StopRequested, requeue
 from shoal.durable import write_bytes_durably
 from shoal.errors import ShoalError, first_line, lost_peer
@@ -59,7 +60,8 @@ def run(argv: list[str] | None = None) -> dict:
                               requested=job.cluster.device)
     device = choose_device(job.cluster.device, info)  # as the ranks agreed
     recorder = outside_recorder(info)  # under torchrun, srun or mpirun the workers record failures themselves
-    stop = slurm_warning(info, fixed_run_dir=bool(args.run_dir or job.output.run_dir))
+    stop = slurm_warning(info, fixed_run_dir=bool(args.run_dir or job.output.run_dir)) or \
+        regroup_stop()
     held = contextlib.ExitStack()
     try:
         run_dir = Path(args.run_dir) if args.run_dir else (new_run_dir(job, None) if info.rank == 0 else None)
@@ -76,6 +78,9 @@ def run(argv: list[str] | None = None) -> dict:
         callbacks = load_object(args.callbacks, "--callbacks") if args.callbacks else []  # rank 0 calls them
         return run_worker(job, info, run_dir, threads, resume=resume, stop=stop, callbacks=callbacks)
     except StopRequested as stopped:
+        if isinstance(stop, Regroup):  # machines join: the launcher starts the job again with them
+            stop.stopped(info.rank, stopped.epochs_done)
+            return {}
         stop_for_requeue(info, run_dir, recorder, stopped)
         raise
     except Exception as error:

@@ -14,6 +14,10 @@ one exchange per `period` only.
 With shares sized by speed (cluster.balance) a faster worker takes more steps: periods count the
 nominal steps of an equal share, and each mean weighs a replica by the rows it trained on since
 the last round.
+
+Every epoch ends with a round across all workers (or with a step that held one), so the replicas
+are equal there: a resume on another number of workers gives every worker rank 0's replica, which
+is the consensus, and rank 0's optimizer moments; `averaged_at` goes on from rank 0's.
 """
 
 from __future__ import annotations

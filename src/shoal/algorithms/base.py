@@ -3,6 +3,8 @@
 Two families build on this: collective algorithms (`collective.py`: every rank trains and they
 meet in collectives) and parameter-server algorithms (`server.py`: ranks have roles). The
 training loop calls only the three trainer hooks below, so a new algorithm never changes it.
+A resume on another number of workers gives every rank rank 0's state, and `reshard_` makes it
+that rank's own.
 """
 
 from __future__ import annotations
@@ -107,6 +109,12 @@ class Algorithm:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what state_dict returned."""
+
+    def reshard_(self) -> None:
+        """Called on every rank once it has loaded rank 0's state of a checkpoint (a resume on another number
+        of workers, see `shoal.train.reshard`): make that state this rank's. By default rank 0's replica,
+        optimizer and algorithm state stand for every worker's: a collective algorithm ends every epoch with
+        its replicas equal (synchronous SGD never lets them differ; averaging's closing round)."""
 
 
 def model_state(model: nn.Module) -> list[torch.Tensor]:

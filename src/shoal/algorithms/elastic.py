@@ -16,6 +16,11 @@ resumed job continues exactly. Each epoch ends with an elastic round (when steps
 since the last one), and the batch-norm statistics (local, never part of the centre) are
 averaged over all workers as in model averaging.
 
+A resume on another number of workers reads rank 0's file only: the centre (and its velocity) is
+every worker's anyway (the group centres are averaged at every epoch's end), each worker's replica
+starts again at the centre, its optimizer moments are rank 0's, and the rounds' step counts
+(`pulled_at`, `crossed_at`) go on from rank 0's.
+
 With shares sized by speed (cluster.balance) a faster worker takes more steps between rounds:
 periods count the nominal steps of an equal share; the elastic pull is each worker's alike.
 
@@ -183,3 +188,8 @@ class ElasticAveraging(CollectiveAlgorithm):
             self.velocity.copy_(state["velocity"])
         self.pulled_at = state["pulled_at"]
         self.crossed_at = state["crossed_at"]
+
+    def reshard_(self) -> None:
+        """Every worker's replica starts again at the centre: rank 0's replica is one worker's exploration."""
+        self.weights.buffer.copy_(self.centre)
+        self.weights.unpack_()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from shoal.algorithms.elastic import ElasticOptions
+from shoal.algorithms.roles import Role
 from shoal.algorithms.server import ServerAlgorithm
 from shoal.cluster.collectives import pack_into, unpack_from
 from shoal.cluster.messages import Message
@@ -94,3 +95,9 @@ class AsynchronousElasticAveraging(ServerAlgorithm):
     def load_state_dict(self, state: dict) -> None:
         self.version = state["version"]
         self.velocity.copy_(state["velocity"])
+
+    def reshard_(self) -> None:
+        """A trainer starts at the centre (the server's model); the centre's velocity stays the server's."""
+        super().reshard_()
+        if self.kind is not Role.SERVER:
+            self.velocity.zero_()

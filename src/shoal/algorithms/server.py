@@ -12,6 +12,12 @@ With groups (Downpour), ranks 1..G are sub-masters: each gathers one update from
 of its group, combines them and acts as one worker toward the top server, then passes the
 reply down. The staleness of every update the top server applies (its version minus the
 version the sender started from) is summarized per epoch.
+
+A resume on another number of workers reads rank 0's file only, the server's: the new server takes
+its model, optimizer and version; every trainer and sub-master takes the server's model and its
+version (so the staleness of its first update counts from there) and starts its own optimizer
+afresh (in Downpour a trainer's optimizer takes no step; an asynchronous EASGD trainer's moments
+were its own replica's).
 """
 
 from __future__ import annotations
@@ -245,3 +251,8 @@ class ServerAlgorithm(Algorithm, abc.ABC):
 
     def load_state_dict(self, state: dict) -> None:
         self.version = state["version"]
+
+    def reshard_(self) -> None:
+        """The server keeps the server's state; the others hold its model and version, and a fresh optimizer."""
+        if self.kind is not Role.SERVER:
+            self.optimizer.state.clear()

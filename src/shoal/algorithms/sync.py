@@ -3,7 +3,8 @@
 Each worker's gradient is a mean over its own batch; weighting it by the batch's rows before
 the sum makes the result the exact mean over the global batch even when the last batches of
 an epoch differ by a row. N workers with batch b therefore take the steps of one worker
-with batch N*b.
+with batch N*b. Every replica and its optimizer state are the same, so a resume on another number
+of workers gives every worker rank 0's.
 """
 
 from __future__ import annotations

@@ -7,11 +7,16 @@ Sealed) except `PUBLIC`.
 
 The launchers' store: `run_id`, `node/next` (arrival order), `node/K/{claim,host,workers}`,
 `attempt/N/{port,joined/K,report/K,failed,decision}`, `end` (the job was stopped or failed outside an
-attempt; every node leaves) and `left/K` (a follower is done: the leader may close the store).
+attempt; every node leaves) and `left/K` (a follower is done: the leader may close the store). A job whose
+machines may change (--nnodes MIN:MAX) adds `attempt/N/members` (the node ranks in attempt N, set by the
+leader), `attempt/current` (the attempt running) and `attempt/N/arrivals` (machines waiting to join
+attempt N, counted); `data/port` is where the first machine serves the job's datasets.
 
 The workers' store: `shoal/beat/R` and `shoal/silent` (liveness), `shoal/exit/N/R` and
-`shoal/exit/N/recorded` (ways out, under other launchers), `shoal/device/R` and `shoal/device/read/R`
-(device agreement), `shoal/started/R` and the prefix `shoal/attempt-N` (torchrun's restarts).
+`shoal/exit/N/recorded` (ways out, under other launchers), `shoal/regroup` (the leader: machines wait to
+join, stop at the next epoch's end) and `shoal/regrouped` (rank 0: stopped for them, with a checkpoint),
+`shoal/device/R` and `shoal/device/read/R` (device agreement), `shoal/started/R` and the prefix
+`shoal/attempt-N` (torchrun's restarts).
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ RUN_ID = "run_id"
 NEXT_NODE = "node/next"
 END = "end"
 SILENT = "shoal/silent"
+CURRENT = "attempt/current"
+DATA_PORT = "data/port"
+REGROUP = "shoal/regroup"
+REGROUPED = "shoal/regrouped"
 PROCESS_GROUP = "process group"
 """The secret's name for the prefix of torch's own process-group keys."""
 
@@ -32,7 +41,7 @@ def node(rank: int, field: str) -> str:
 
 
 def attempt(number: int, field: str) -> str:
-    """`port`, `failed` or `decision` of attempt `number`."""
+    """`port`, `failed`, `decision`, `members` or `arrivals` of attempt `number`."""
     return f"attempt/{number}/{field}"
 
 

@@ -28,6 +28,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from shoal.cluster import keys
+from shoal.data.source import SECRET_VARIABLE  # noqa: F401 (re-exported)
 from shoal.errors import WorkerError, first_line
 
 REQUEST_SECONDS = 5.0  # one store request; a cut link shows up within this
@@ -117,8 +118,8 @@ def _call(method, arguments: tuple, outcome: list) -> None:
         outcome.append((None, error))
 
 
-SECRET_VARIABLE = "SHOAL_JOB_SECRET"
-"""The job's secret, handed by the launcher to its workers in their environment (never on a command line)."""
+# the job's secret in the workers' environment (never on a command line): one name, kept with the data
+# reader that also needs it on machines that stream their share
 
 
 def secret_name(secret: str, key: str) -> str:

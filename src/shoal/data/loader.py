@@ -157,12 +157,14 @@ class ShardLoader:
         return self.stop - self.start
 
     def describe(self) -> dict:
-        """How the share is held, for the `data_loaded` event."""
+        """How the share is held, for the `data_loaded` event (and the bytes streamed from the job's data
+        server, for a machine without the dataset)."""
+        streamed = {"streamed_bytes": received} if (received := getattr(self.dataset, "bytes_received", 0)) else {}
         if self.cache is None:
-            return {"mode": "memory", "rows": self.rows}
+            return {"mode": "memory", "rows": self.rows, **streamed}
         return {"mode": "cache", "rows": self.rows, "sub_partitions": len(sub_partitions(self.rows, self.part_rows)),
                 "rows_per_sub_partition": self.part_rows, "cache_reused": self.cache.reused,
-                "cache_folder": self.cache.folder if self.cache.keep else None}
+                "cache_folder": self.cache.folder if self.cache.keep else None, **streamed}
 
     def order(self, epoch: int) -> np.ndarray:
         if self.part_rows is not None:

@@ -122,6 +122,7 @@ def lacks_messages(network: Network) -> bool:
 
 
 def model_key_of(job: JobConfig) -> str:
-    from shoal.train.prepare import model_spec, open_dataset
+    from shoal.data.format import open_dataset
+    from shoal.train.prepare import model_spec
 
     return model_key(model_spec(job, open_dataset(job.data.train)))

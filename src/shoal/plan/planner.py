@@ -26,7 +26,8 @@ COMMUNICATION_BOUND = 0.5  # above this share of the epoch, a larger batch is su
 
 def job_shape(job: JobConfig, rows: int | None = None, algorithm: str | None = None) -> Shape:
     """The planner's view of `job` (its training set's rows, or `rows`), optionally under another algorithm."""
-    from shoal.train.prepare import allocate_model, model_spec, open_dataset
+    from shoal.data.format import open_dataset
+    from shoal.train.prepare import allocate_model, model_spec
 
     train_set = open_dataset(job.data.train)
     test_rows = open_dataset(job.data.test).rows if job.data.test else 0

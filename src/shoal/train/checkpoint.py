@@ -13,10 +13,20 @@ epoch number in their names, not by the names themselves. All files are read wit
 On a cluster the run directory may be one folder shared by every machine or each machine's own:
 each rank writes its file into the folder it sees. A marker file rank 0 leaves at the start
 tells which ranks share its folder; the others are grouped by host. The first rank of each
-group checks that every file of its group is there before renaming. Resuming takes the newest
-epoch every rank holds, agreed over the process group; a checkpoint whose weights do not fit the
-model is passed over like a damaged one, and a resume that finds checkpoints but none it can use
-is refused rather than started again from epoch 0.
+group checks that every file of its group is there before renaming. Every file of one save carries
+the same id (rank 0's temporary folder name), so a rank file left by an earlier save of the same
+epoch (a machine that comes back) is never taken for this one's.
+
+Resuming (`agree_on_latest`, collective) looks first at the newest checkpoint whose coordinator
+file and rank-0 file rank 0 holds. When it was written by as many workers as the job has, the
+resume is exact: the newest epoch every rank holds, among the checkpoints of this size newer than
+any of another size (files a returning machine kept from before a change of size never count),
+so the job ends bit for bit as an uninterrupted one. Otherwise, or when no such epoch is held by
+every rank (a new machine), the checkpoint is resharded: only rank 0's files are read, and rank 0
+hands its state to the others (see `reshard`). A checkpoint whose weights do not fit the model
+is passed over like a damaged one, and a resume that finds checkpoints but none it can use is
+refused rather than started again from epoch 0. A resume may change the number of workers
+(`check_resumable` refuses every other key of the fingerprint that changes the course of training).
 
 Nothing here writes through a symbolic link: the temporary folder has an unpredictable name and
 is created exclusively, its files likewise, a `checkpoints` link is refused, and an `epoch-N`
@@ -26,6 +36,8 @@ directory (`CheckpointFull`), not restarted; the temporary folder goes with the 
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import random
 import re
@@ -47,6 +59,7 @@ from shoal.safe_files import link_refused, make_folder, open_file, remove_tree
 
 CHECKPOINTS = "checkpoints"
 COORDINATOR_FILE = "coordinator.pt"
+SAVE_KEY = "save"  # in every file of a checkpoint: the id of the save that wrote it
 FOLDER = re.compile(r"epoch-(\d+)")
 ASIDE = re.compile(r"\.epoch-(\d+)\.old")  # a folder of the same epoch, renamed while its successor is written
 Fits = Callable[[dict], str]
@@ -140,8 +153,9 @@ class Checkpointer:
 
     def save(self, epoch: int, rank_state: dict, coordinator_state: dict | None) -> Path:
         """Write checkpoint `epoch` (epochs completed); returns its final path."""
-        temporary = self.begin(epoch)
+        temporary, save = self.begin(epoch)
         try:
+            rank_state = {**rank_state, SAVE_KEY: save}
             self.together(epoch, lambda: _save(rank_state, temporary / rank_file(self.comm.rank)))
             missing = [rank for rank in self.group
                        if not (temporary / rank_file(rank)).is_file()] if self.keeper else []
@@ -149,16 +163,16 @@ class Checkpointer:
             if problems:  # every rank raises together: none waits at the next barrier
                 raise RuntimeError(f"{self.root}: checkpoint files of ranks {problems[0]} never appeared; "
                                    "a folder shared between machines that does not show every file")
-            self.together(epoch, lambda: self.finish(temporary, epoch, coordinator_state))
+            self.together(epoch, lambda: self.finish(temporary, epoch, {**(coordinator_state or {}), SAVE_KEY: save}))
         except BaseException:
             if self.keeper:  # a failed write (a full disk) leaves no temporary folder behind
                 remove_tree(temporary)
             raise
         return self.root / folder_name(epoch)
 
-    def begin(self, epoch: int) -> Path:
-        """The temporary folder of `epoch`: each keeper makes one (a new, unpredictable name) and its group
-        learns the name (collective)."""
+    def begin(self, epoch: int) -> tuple[Path, str]:
+        """The temporary folder of `epoch` and the save's id: each keeper makes a folder (a new, unpredictable
+        name) and its group learns the name; rank 0's names the save (collective)."""
         name = None
         if self.keeper:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -169,7 +183,7 @@ class Checkpointer:
             temporary.mkdir()
             name = temporary.name
         names = self.comm.all_gather_object(name)
-        return self.root / names[self.group[0]]
+        return self.root / names[self.group[0]], names[0]
 
     def together(self, epoch: int, action: Callable[[], object]) -> None:
         """Run `action` on every rank, then fail on every rank if it failed on any (collective): a full
@@ -240,6 +254,15 @@ class Found:
     path: Path
     epoch: int
     coordinator: dict
+    save: str | None = None
+    """The id of the save that wrote it (None in checkpoints written before saves had one)."""
+    reshard: bool = False
+    """Resumed by resharding: every rank takes rank 0's state, the only file read (see `reshard`)."""
+
+    @property
+    def world_size(self) -> int | None:
+        """How many workers wrote it."""
+        return self.coordinator.get("world_size")
 
 
 def _load(path: Path) -> tuple[dict | None, str]:
@@ -250,62 +273,105 @@ def _load(path: Path) -> tuple[dict | None, str]:
         return None, f"{path}: {type(error).__name__}: {error}"
 
 
-def _coordinator(path: Path, world_size: int) -> tuple[dict | None, str]:
+def _found(path: Path) -> tuple[Found | None, str]:
+    """The checkpoint in folder `path` as its coordinator file tells it, or (None, why that does not load)."""
     coordinator, problem = _load(path / COORDINATOR_FILE)
     if coordinator is None:
         return None, problem
-    if coordinator.get("world_size") != world_size:
-        return None, f"{path}: written by {coordinator.get('world_size')} workers, this job has {world_size}"
-    return coordinator, ""
+    save = coordinator.pop(SAVE_KEY, None)
+    return Found(path, int(coordinator["epoch"]), coordinator, save), ""
 
 
-def held_epochs(run_dir: Path, rank: int, fits: Fits | None = None) -> list[int]:
-    """The epochs whose checkpoint file of `rank` loads in this machine's run directory (and fits the model)."""
-    held = []
+def held_saves(run_dir: Path, rank: int, fits: Fits | None = None) -> dict[int, str | None]:
+    """Epoch -> save id of each checkpoint whose file of `rank` loads in this machine's run directory (and fits
+    the model), newest first. A file that is not there is no warning: checkpoints of fewer workers have none
+    of this rank (a rank short of a file the others hold is named when a checkpoint is chosen)."""
+    held = {}
     for epoch, path in checkpoint_folders(run_dir):
+        if not (path / rank_file(rank)).exists():
+            continue
         state, problem = _load(path / rank_file(rank))
         if state is not None and fits is not None and (unfit := fits(state)):
             problem = f"{path / rank_file(rank)}: {unfit}"
         if problem:
             warnings.warn(f"skipping damaged checkpoint {problem}", stacklevel=2)
         else:
-            held.append(epoch)
+            held[epoch] = state.get(SAVE_KEY) if isinstance(state, dict) else None
     return held
 
 
+def held_epochs(run_dir: Path, rank: int, fits: Fits | None = None) -> list[int]:
+    """The epochs whose checkpoint file of `rank` loads in this machine's run directory (and fits the model)."""
+    return list(held_saves(run_dir, rank, fits))
+
+
 def find_latest(run_dir: Path, world_size: int, epochs: set[int] | None = None) -> Found | None:
-    """The newest checkpoint whose coordinator file loads, among `epochs` when given (those every rank
-    holds), else among those whose every rank file loads here (a folder all ranks share)."""
+    """The newest checkpoint of `world_size` workers whose coordinator file loads, among `epochs` when given,
+    else among those whose every rank file loads here (a folder all ranks share)."""
     for _, path in checkpoint_folders(run_dir):
-        coordinator, problem = _coordinator(path, world_size)
-        if coordinator is not None and epochs is None:
+        found, problem = _found(path)
+        if found is not None and found.world_size != world_size:
+            found, problem = None, f"{path}: written by {found.world_size} workers, this job has {world_size}"
+        if found is not None and epochs is None:
             problem = next(filter(None, (_load(path / rank_file(rank))[1] for rank in range(world_size))), "")
-        if coordinator is not None and not problem and (epochs is None or int(coordinator["epoch"]) in epochs):
-            return Found(path, int(coordinator["epoch"]), coordinator)
+        if found is not None and not problem and (epochs is None or found.epoch in epochs):
+            return found
         if problem:
             warnings.warn(f"skipping damaged checkpoint {problem}", stacklevel=2)
     return None
 
 
 def agree_on_latest(run_dir: Path, comm: Communicator, coordinator: bool, fits: Fits | None = None) -> Found | None:
-    """The newest checkpoint every rank holds a good file of, in whichever folder it sees (collective);
-    `fits` passes over the files whose weights the model cannot take.
+    """The checkpoint to resume from, the same on every rank (collective; `choose` tells which); `fits`
+    passes over the files whose weights the model cannot take.
 
     None when no rank has a checkpoint (a job that failed before its first); checkpoints none of
     which can be used are refused on every rank: starting again from epoch 0 would replace model.pt."""
-    held = comm.all_gather_object((held_epochs(run_dir, comm.rank, fits), bool(checkpoint_folders(run_dir))))
-    common = set.intersection(*(set(epochs) for epochs, _ in held))
-    newest = held[0][0]
-    if coordinator and newest and max(newest) > max(common, default=0):
-        short = [rank for rank, (epochs, _) in enumerate(held) if max(newest) not in epochs]
-        warnings.warn(f"{run_dir}: ranks {short} hold no good file of epoch {max(newest)}; going back to epoch "
-                      f"{max(common, default=0)}, the newest every rank holds", stacklevel=2)
-    found = comm.broadcast_object(find_latest(run_dir, comm.world_size, common) if coordinator else None)
+    held = comm.all_gather_object((held_saves(run_dir, comm.rank, fits), bool(checkpoint_folders(run_dir))))
+    chosen = choose(run_dir, comm.world_size, [saves for saves, _ in held]) if coordinator else None
+    found = comm.broadcast_object(chosen)
     if found is None and any(seen for _, seen in held):
         raise ConfigError(f"{run_dir}: no checkpoint can be resumed (each is damaged or does not fit the model); "
                           "resuming would start again from epoch 0 and replace its model.pt: to start over, "
                           "train into a new --run-dir")
     return found
+
+
+def choose(run_dir: Path, world_size: int, held: list[dict[int, str | None]]) -> Found | None:
+    """Rank 0's choice, from its run directory and every rank's `held_saves`: the newest checkpoint whose
+    coordinator and rank-0 files rank 0 holds; exactly when it was written by `world_size` workers and some
+    epoch of this size, newer than any of another size, is held by every rank (the newest such), else
+    resharded (None when rank 0 holds none)."""
+    written = []
+    for _, path in checkpoint_folders(run_dir):
+        found, problem = _found(path)
+        if found is None:
+            warnings.warn(f"skipping damaged checkpoint {problem}", stacklevel=2)
+        else:
+            written.append(found)
+    usable = next((index for index, found in enumerate(written) if _holds(held[0], found)), None)
+    if usable is None:
+        return None
+    newest = written[usable]
+    if newest.world_size == world_size:
+        same = itertools.takewhile(lambda found: found.world_size == world_size, written[usable:])
+        exact = next((found for found in same if all(_holds(saves, found) for saves in held)), None)
+        short = [rank for rank, saves in enumerate(held) if not _holds(saves, newest)]
+        if exact is not None:
+            if exact.epoch < newest.epoch:
+                warnings.warn(f"{run_dir}: ranks {short} hold no good file of epoch {newest.epoch}; going back to "
+                              f"epoch {exact.epoch}, the newest every rank holds", stacklevel=2)
+            return exact
+        warnings.warn(f"{run_dir}: ranks {short} hold no good file of epoch {newest.epoch}: every rank takes "
+                      "rank 0's state of it", stacklevel=2)
+    return dataclasses.replace(newest, reshard=True)
+
+
+def _holds(saves: dict[int, str | None], found: Found) -> bool:
+    """Whether a rank's held saves hold its file of checkpoint `found` (of that save, where both tell theirs)."""
+    if found.epoch not in saves:
+        return False
+    return saves[found.epoch] is None or found.save is None or saves[found.epoch] == found.save
 
 
 def newest_epoch(run_dir: Path) -> int:
@@ -334,6 +400,8 @@ UNCHECKED = {
     "cluster.device": "the machine's hardware: the same sums, rounded as that hardware rounds them",
     "cluster.timeout": "how long a collective may wait",
     "cluster.hosts": "where the workers run; their count is cluster.workers",
+    "cluster.nodes": "how many machines may run the workers; their count is cluster.workers",
+    "cluster.rejoin_timeout": "how long a lost machine is waited for",
     "cluster.remote": "how the workers are started",
     "cluster.port": "where the workers meet",
     "cluster.memory_per_worker": "how many workers fit a machine; their count is cluster.workers",
@@ -352,9 +420,16 @@ def dataset_identity(dataset: Dataset) -> str:
     return dataset.description_digest().hexdigest()
 
 
+# Fingerprint keys a resume may change all the same: what they change is taken up as it says.
+RESHARDED = {
+    "cluster.workers": "rank 0's state is handed to every worker of the new count (see reshard)",
+}
+
+
 def fingerprint(job, spec: dict, train_set: Dataset, world_size: int) -> dict:
     """What a resumed job must share with the one that wrote the checkpoints, by job key: every key
-    that changes the weights it ends with (the others are in UNCHECKED)."""
+    that changes the weights it ends with (the others are in UNCHECKED); those in RESHARDED are
+    recorded, not refused."""
     return {
         "cluster.workers": world_size,
         "cluster.groups": job.cluster.groups,
@@ -377,17 +452,19 @@ def fingerprint(job, spec: dict, train_set: Dataset, world_size: int) -> dict:
 
 
 def check_resumable(run_dir: Path, job, spec: dict, train_set: Dataset, world_size: int) -> None:
-    """Refuse to resume a job that differs from the checkpoints' in what would change its course.
+    """Refuse to resume a job that differs from the checkpoints' in what would change its course; another
+    `world_size` is resumed (resharded), not refused.
 
     Only the keys both fingerprints hold are compared: checkpoints written before a key was added
     still resume."""
     wanted = fingerprint(job, spec, train_set, world_size)
     for _, path in checkpoint_folders(run_dir):
         written, _ = _load(path / COORDINATOR_FILE)
-        if written is None:  # damaged: find_latest skips it with a warning
+        if written is None:  # damaged: choosing a checkpoint skips it with a warning
             continue
-        recorded = written.get("fingerprint", {"cluster.workers": written.get("world_size")})
-        changed = next((key for key in recorded if key in wanted and recorded[key] != wanted[key]), None)
+        recorded = written.get("fingerprint", {})
+        changed = next((key for key in recorded if key in wanted and key not in RESHARDED
+                        and recorded[key] != wanted[key]), None)
         if changed is not None:
             raise _refusal(changed, recorded[changed], wanted[changed], path)
         return
@@ -395,9 +472,6 @@ def check_resumable(run_dir: Path, job, spec: dict, train_set: Dataset, world_si
 
 def _refusal(key: str, old, new, path: Path) -> ConfigError:
     """The one line that names the key that changed, its value in the checkpoints and now."""
-    if key == "cluster.workers":
-        return ConfigError(f"{path}: written by {old} workers; resume with the same count "
-                           f"(--workers {old} per machine for a one-machine job), not {new}")
     if key == "data.train.meta":  # the dataset's identity, told by its meta.json
         key, what, old, new = "data.train", "dataset", f"{META_FILE} sha256 {old[:12]}", new[:12]
     else:
@@ -417,4 +491,7 @@ def latest_test(found: Found) -> dict:
 
 
 def load_rank(path: Path, rank: int) -> dict:
-    return torch.load(Path(path) / rank_file(rank), map_location="cpu", weights_only=True)
+    """The state in the file of `rank` of the checkpoint in `path` (as `save` was given it)."""
+    state = torch.load(Path(path) / rank_file(rank), map_location="cpu", weights_only=True)
+    state.pop(SAVE_KEY, None)
+    return state

@@ -64,6 +64,7 @@ class Coordinator:
         self.test_rows = self.convert = None
         self.final: dict = {}  # the latest test metrics
         self.epoch = self.epoch_steps = 0  # the epoch in progress, and rank 0's steps in it
+        self.resharded_from: int | None = None  # the workers that wrote a checkpoint resumed by resharding
         self.last_record = time.monotonic()
 
     def load_test_set(self) -> None:
@@ -77,13 +78,15 @@ class Coordinator:
 
     def announce(self, first_epoch: int, details: JobStart, load_seconds: list[float], holdings: list,
                  algorithm: Algorithm | None = None) -> None:
-        """The job's start (or resumption) and its data load; the progress display and validation begin."""
+        """The job's start (or resumption, and from how many workers' checkpoint when resharded) and its data
+        load; the progress display and validation begin."""
         start = dataclasses.replace(details, from_epoch=first_epoch, versions=versions())
         started_before = (self.run_dir / EVENTS_FILE).is_file() and read_history(self.run_dir).started()
         test_metrics = metric_names(self.prepared.objective) if self.test_rows is not None else ()
         self.loggers = open_loggers(self.job, self.run_dir, test_metrics)
         self.events = EventLog(self.run_dir, listeners=[self.loggers])
-        self.events.write(start.resumed() if started_before else start)
+        resumed = dataclasses.replace(start.resumed(), resharded_from=self.resharded_from)
+        self.events.write(resumed if started_before else start)
         self.events.write(DataLoaded(seconds=max(load_seconds), per_rank=load_seconds, shares=holdings))
         self.progress = ProgressDisplay(self.job.output.progress, self.job.train.epochs, details.steps_per_epoch,
                                         enabled=True)

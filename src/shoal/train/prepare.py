@@ -21,8 +21,9 @@ from shoal.algorithms import Algorithm, ServerAlgorithm, make_algorithm, trainer
 from shoal.config import JobConfig
 from shoal.data.balance import check_speeds
 from shoal.data.compatible import TRAINING, check_compatible, schema
-from shoal.data.format import Dataset, open_dataset
+from shoal.data.format import Dataset
 from shoal.data.loader import plan_memory
+from shoal.data.source import open_source
 from shoal.errors import ConfigError, first_line
 from shoal.model import build_model, code_of, current_folder_importable, output_shape
 from shoal.train.objective import Objective
@@ -280,8 +281,8 @@ def check_moved_share(job: JobConfig, rows: int, row_bytes: int, batch: int) -> 
 def prepare(job: JobConfig, memory_checked: bool = False, run_dir=None) -> Prepared:
     """Open the datasets, build the model once and check that it fits them; `memory_checked`: this machine's
     launcher has checked the model's memory already (on torch's meta device, half a second of imports)."""
-    train_set = open_dataset(job.data.train)
-    test_set = open_dataset(job.data.test) if job.data.test else None
+    train_set = open_source(job.data.train)  # here, or from the job's data server on a machine without it
+    test_set = open_source(job.data.test) if job.data.test else None
     for key, dataset in (("data.train", train_set), ("data.test", test_set)):
         if dataset is not None and not dataset.labeled:
             raise ConfigError(f"{key}: {dataset.path} has no labels (imported without one): it can be predicted "

@@ -3,11 +3,14 @@
 Like `shoal status`, it reads only `events.jsonl`, so it can be made for any run, anywhere,
 at any time. The plots show what the literature shows for these systems: loss and accuracy
 per epoch, where each epoch's time went (cNeural's Fig. 8), and each worker's pace (with each
-machine's rows per second and share of the rows, on machines of different speeds).
+machine's rows per second and share of the rows, on machines of different speeds). A job whose
+machines changed (`--nnodes MIN:MAX`) gets a table of its machines over time, and its epochs may
+have different numbers of workers: no table or plot assumes one count.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -24,11 +27,12 @@ from shoal.events import (
     JobRestarted,
     JobResumed,
     JobStart,
+    Membership,
     WorkerFailed,
     read_history,
 )
 from shoal.safe_files import new_temporary, refuse_link
-from shoal.train.status import balance_text, machine_paces, worker_paces
+from shoal.train.status import balance_text, machine_paces, machines_text, worker_paces
 
 REPORT_FILE = "report.md"
 LOSS = "loss"
@@ -130,27 +134,47 @@ def plot_workers(epochs: list[EpochEnd]) -> Figure:
     machines = machine_epochs(epochs) if shows_machines(epochs) else {}
     figure, axes = new_figure(3 if machines else 1)
     ax = axes[0]
-    ranks = sorted({worker.rank for record in epochs for worker in record.workers})
-    for rank in ranks:
-        points = [(record.epoch, worker.steps_per_second) for record in epochs
-                  for worker in record.workers if worker.rank == rank]
-        host = next(worker.host for record in epochs for worker in record.workers if worker.rank == rank)
+    paces = worker_series(epochs)
+    for (rank, host), points in paces.items():
         ax.plot([epoch for epoch, _ in points], [rate for _, rate in points], marker="o",
                 label=f"rank {rank} ({host})")
     ax.set_ylabel("steps per second")
     ax.set_title("worker pace")
-    if ranks:  # a record without workers draws none
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), ncols=1 + len(ranks) // 16, fontsize="small")
+    if paces:  # a record without workers draws none
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), ncols=1 + len(paces) // 16, fontsize="small")
     if machines:
         plot_machines(machines, axes[1], axes[2])
     return figure
 
 
+def worker_series(epochs: list[EpochEnd]) -> dict[tuple[int, str], list[tuple[int, float]]]:
+    """(rank, host) -> (epoch, steps per second) for each epoch, by rank: after a change of machines a rank
+    may be another machine's, and a worker may be gone for some epochs (NaN there, so its line breaks
+    instead of joining epochs it did not train)."""
+    series: dict[tuple[int, str], dict[int, float]] = {}
+    for record in epochs:
+        for worker in record.workers:
+            series.setdefault((worker.rank, worker.host), {})[record.epoch] = worker.steps_per_second
+    return {key: with_gaps(series[key], epochs) for key in sorted(series)}
+
+
+def with_gaps(values: dict[int, float], epochs: list[EpochEnd]) -> list[tuple[int, float]]:
+    """The epochs from the first to the last with a value, NaN where a record holds none."""
+    numbers = [record.epoch for record in epochs]
+    held = [index for index, epoch in enumerate(numbers) if epoch in values]
+    return [(epoch, values.get(epoch, math.nan)) for epoch in numbers[held[0]:held[-1] + 1]]
+
+
 def plot_machines(machines: dict[str, list[tuple[int, float | None, float | None]]], rates, shares) -> None:
-    """Each machine's rows per second and share of the rows per epoch (an unknown figure is left out)."""
+    """Each machine's rows per second and share of the rows per epoch (an unknown figure is left out; a
+    machine out of the job for some epochs has a gap there)."""
+    numbers = sorted({point[0] for points in machines.values() for point in points})
     for host, points in machines.items():
+        held = {point[0] for point in points}
+        absent = [(epoch, math.nan) for epoch in numbers if points[0][0] < epoch < points[-1][0] and epoch not in held]
         for ax, column in ((rates, 1), (shares, 2)):
-            known_points = [(point[0], point[column]) for point in points if point[column] is not None]
+            known_points = sorted([(point[0], point[column]) for point in points if point[column] is not None]
+                                  + absent, key=lambda point: point[0])
             ax.plot([epoch for epoch, _ in known_points], [value for _, value in known_points], marker="o",
                     label=host)
     rates.set_ylabel("rows per second (own work)")
@@ -189,10 +213,14 @@ def markdown(run_dir: Path, history: History, images: list[tuple[str, str]]) -> 
     epochs = history.latest_epochs()
     start = history.start or JobStart()
     lines = [f"# shoal report: {start.job or run_dir.name}", "", outcome(history), ""]
-    lines += ["## Job", "", *table(["", ""], job_rows(run_dir, start, history.last(DataLoaded))), ""]
+    membership = history.of(Membership)
+    changed = len(membership) > 1
+    lines += ["## Job", "", *table(["", ""], job_rows(run_dir, start, history.last(DataLoaded), changed)), ""]
     lines += ["## Epochs", "", *epoch_table(epochs)]
     if shows_machines(epochs):
         lines += ["## Machines", "", *machine_table(epochs)]
+    if changed:
+        lines += ["## Machines over time", "", *membership_table(membership)]
     lines += ["## Restarts and failures", "", *(incidents(history) or ["None."])]
     checkpoints = history.of(Checkpoint)
     if checkpoints:
@@ -217,14 +245,16 @@ def outcome(history: History) -> str:
     return status + (f": {end.message}" if end.message else "") + "."
 
 
-def job_rows(run_dir: Path, start: JobStart, loaded: DataLoaded | None) -> list[list[str]]:
-    """The job and where it ran, as job_start (or the latest job_resumed, which repeats it) says."""
+def job_rows(run_dir: Path, start: JobStart, loaded: DataLoaded | None, changed: bool = False) -> list[list[str]]:
+    """The job and where it ran, as job_start (or the latest job_resumed, which repeats it) says; `changed`:
+    its machines changed, and these are the last attempt's."""
     versions = ", ".join(f"{key} {value}" for key, value in start.versions.items())
+    latest = " in the last attempt (see Machines over time)" if changed else ""
     rows = [
         ["run directory", f"`{run_dir}`"],
         ["algorithm", known(start.algorithm)],
-        ["world size", f"{known(start.world_size)} ({known(start.trainers)} training)"],
-        ["hosts", ", ".join(sorted(set(start.hosts))) or "?"],
+        ["world size", f"{known(start.world_size)} ({known(start.trainers)} training){latest}"],
+        ["hosts", (", ".join(sorted(set(start.hosts))) or "?") + latest],
         ["threads per worker", known(start.threads)],
         ["device", known(start.device)],
         ["train rows", number(start.train_rows, ",")],
@@ -239,20 +269,23 @@ def job_rows(run_dir: Path, start: JobStart, loaded: DataLoaded | None) -> list[
 
 
 def epoch_table(epochs: list[EpochEnd]) -> list[str]:
+    """A row per epoch and the totals; a column of each epoch's training workers when their count changed."""
     if not epochs:
         return ["No epoch finished.", ""]
     metrics = metric_names(epochs)
-    header = ["epoch", "train loss", *(f"test {m}" for m in metrics), "samples/s",
-              *(f"{part} s" for part in SPLIT_PARTS), "epoch s"]
-    rows = [[str(record.epoch), f"{record.train_loss:.4f}", *(number(record.test.get(m), ".4f") for m in metrics),
-             f"{record.samples_per_second:,.0f}",
+    counted = len({len(record.workers) for record in epochs}) > 1  # the machines changed between epochs
+    header = ["epoch", *(["workers"] if counted else []), "train loss", *(f"test {m}" for m in metrics),
+              "samples/s", *(f"{part} s" for part in SPLIT_PARTS), "epoch s"]
+    rows = [[str(record.epoch), *([str(len(record.workers))] if counted else []), f"{record.train_loss:.4f}",
+             *(number(record.test.get(m), ".4f") for m in metrics), f"{record.samples_per_second:,.0f}",
              *(f"{seconds:.2f}" for seconds in record.seconds_split.parts().values()), f"{record.seconds:.2f}"]
             for record in epochs]
     samples = sum(record.samples for record in epochs)
     seconds = sum(record.seconds for record in epochs)
     totals = [sum(record.seconds_split.parts()[part] for record in epochs) for part in SPLIT_PARTS]
-    rows.append(["**total**", "", *("" for _ in metrics), f"{samples / seconds:,.0f}" if seconds else "-",
-                 *(f"{total:.2f}" for total in totals), f"{seconds:.2f}"])
+    rows.append(["**total**", *([""] if counted else []), "", *("" for _ in metrics),
+                 f"{samples / seconds:,.0f}" if seconds else "-", *(f"{total:.2f}" for total in totals),
+                 f"{seconds:.2f}"])
     return [*table(header, rows), "", f"{samples:,} samples trained in {seconds:.2f} s of epochs. The split is the "
             "mean over workers; evaluation runs on the coordinator while the others wait.", ""]
 
@@ -298,6 +331,24 @@ def machine_table(epochs: list[EpochEnd]) -> list[str]:
     return [*table(header, rows), "", *balance_lines(recorded), ""]
 
 
+def membership_table(membership: list[Membership]) -> list[str]:
+    """A row per set of machines the job ran on: the attempt, the checkpoint's epoch it went on from, the
+    machines and their workers, who left or joined, and why."""
+    header = ["attempt", "from epoch", "machines", "workers", "world size", "left", "joined", "why"]
+    rows = [[str(event.attempt), str(event.from_epoch) if event.from_epoch else "start", ", ".join(event.hosts),
+             ", ".join(map(str, event.workers)), str(event.world_size or sum(event.workers)),
+             ", ".join(event.left) or "-", ", ".join(event.joined) or "-", cell(event.reason) or "-"]
+            for event in membership]
+    return [*table(header, rows), "", f"The machines changed {len(membership) - 1} time(s). Each set of machines "
+            "goes on from the newest checkpoint (the epoch above), resharded onto its world size, with its first "
+            "epoch's rows shared equally over its workers.", ""]
+
+
+def cell(text: str) -> str:
+    """Text for a table cell: a `|` would end the cell."""
+    return text.replace("|", "\\|")
+
+
 def percent(share: float | None) -> str:
     return "-" if share is None else f"{share:.1%}"
 
@@ -330,6 +381,7 @@ def incidents(history: History) -> list[str]:
     """Failures, restarts and resumes in order, and the time lost to epochs trained twice."""
     found = []
     restarting = False  # the job_resumed that a restarted job writes repeats its job_restarted
+    first_machines = next(iter(history.of(Membership)), None)  # the machines it started on: no incident
     for event in history.events:
         if isinstance(event, WorkerFailed):
             found.append(f"- worker failed: {event.text()}")
@@ -337,9 +389,14 @@ def incidents(history: History) -> list[str]:
             found.append(f"- restart {event.restart} from {source(event.from_epoch)}, "
                          f"epochs redone: {known(event.epochs_redone)}")
             restarting = True
+        elif isinstance(event, Membership) and event is not first_machines:
+            found.append(f"- machines changed: {machines_text(event)}")
+            restarting = True
         elif isinstance(event, JobResumed):
             if not restarting:
                 found.append(f"- resumed from {source(event.from_epoch)}")
+            if event.resharded_from is not None:
+                found[-1] += f"; the checkpoint of {event.resharded_from} workers resharded onto {event.world_size}"
             restarting = False
     attempts, kept = history.epochs, history.latest_epochs()
     if len(attempts) > len(kept):

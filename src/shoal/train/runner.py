@@ -2,8 +2,9 @@
 
 Every rank runs a `Runner` (SPMD). Rank 0 also holds the `Coordinator` (events, evaluation,
 the saved model). With `resume`, every rank continues from the newest valid checkpoint, so the
-job ends with the weights an uninterrupted job would have had. Each step is a method, so tests
-and other entry points can drive them one by one; `finish` always runs.
+job ends with the weights an uninterrupted job would have had; one written by another number of
+workers is resharded (`reshard`). Each step is a method, so tests and other entry points can
+drive them one by one; `finish` always runs.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from shoal.train.epoch_loops import Serving, Training
 from shoal.train.loop import EpochStats, Trainer
 from shoal.train.memory import current_rss, peak_rss
 from shoal.train.prepare import allocate_model, check_world_size, make_optimizer, prepare
+from shoal.train.reshard import resume_resharded
 from shoal.train.schedule import make_schedule
 from shoal.train.state import TrainingState
 from shoal.train.stopping import Stopping, epoch_metrics, stop_rule
@@ -168,7 +170,8 @@ class Runner:
         return self.loader.reshare(self.plan) if self.loader is not None else 0.0
 
     def resume(self) -> None:
-        """With `resume`: every rank loads its part of the newest checkpoint that all ranks hold."""
+        """With `resume`: every rank loads its part of the newest checkpoint that all ranks hold, or, written
+        by another number of workers, rank 0's state, which rank 0 sends to every rank (see `reshard`)."""
         self.state = TrainingState(self.model, self.optimizer, self.algorithm, self.epoch_loop, self.device,
                                    self.schedule, self.balancer)
         coordinator = self.coordinator is not None
@@ -183,7 +186,10 @@ class Runner:
         found = agree_on_latest(self.run_dir, self.comm, coordinator, self.state.fits)
         if found is None:
             return
-        self.state.load_state_dict(load_rank(found.path, self.info.rank))
+        if found.reshard:
+            resume_resharded(self.state, found, self.comm, self.job.train.seed)
+        else:
+            self.state.load_state_dict(load_rank(found.path, self.info.rank))
         self.first_epoch = found.epoch
         reading = self.follow_plan()  # the checkpoint's shares, held before data_loaded tells them
         if self.loader is not None:
@@ -191,6 +197,7 @@ class Runner:
         if coordinator:
             self.coordinator.final = latest_test(found)
             self.stopping.load_state_dict(found.coordinator.get("stopping", {}))
+            self.coordinator.resharded_from = found.world_size if found.reshard else None
 
     def start(self) -> None:
         """Announce the job and what each rank holds, then start every rank together."""

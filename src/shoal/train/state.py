@@ -8,6 +8,9 @@ layout and its coordinator file belong to `checkpoint`. The optimizer's state is
 the job's current settings, so `--set train.optimizer.lr=...` on resume takes effect, except those a
 learning-rate scheduler sets as it goes, which continue where the schedule was. `fits` tells a
 rank file whose weights the model cannot take (another shape), so resuming passes over it.
+`load_resharded` takes rank 0's state as this rank's, on a resume on another number of workers
+(see `reshard`): what rank 0 holds but the shares sized by speed, which a fresh job plans again,
+and then the algorithm makes it this rank's own.
 """
 
 from __future__ import annotations
@@ -67,6 +70,15 @@ class TrainingState:
         if self.balancer is not None:
             self.balancer.load_state_dict(state.get("balance"))
         restore_random_state(state["random"], self.device)
+
+    def load_resharded(self, state: dict) -> None:
+        """Rank 0's `state` as this rank's, for a job on another number of workers: its model, optimizer,
+        schedule, algorithm state and step count, then the algorithm's `reshard_` (a trainer of a parameter
+        server takes a fresh optimizer, an EASGD replica the centre). The shares and rates sized by speed are
+        left out: the next epoch is planned as a fresh job's. The random generators are rank 0's until the
+        caller seeds them (`reshard.reseed`)."""
+        self.load_state_dict({key: value for key, value in state.items() if key != "balance"})
+        self.algorithm.reshard_()
 
 
 def model_misfit(wanted: dict, stored) -> str:

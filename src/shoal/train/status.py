@@ -28,6 +28,7 @@ from shoal.events import (
     JobRestarted,
     JobResumed,
     JobStart,
+    Membership,
     Progress,
     WorkerEpoch,
     WorkerFailed,
@@ -44,13 +45,17 @@ START_SECONDS = 60
 """How long `--watch` waits for the events of a job whose job.toml is written."""
 STOPPED = "stopped without an end record (the launcher was killed?)"
 
+MEMBERSHIP_LINES = 4
+"""The most changes of machines shown one per line; beyond, the latest few and a count of the others."""
+
 CLEAR_SCREEN = "\033[H\033[2J"
 DEFAULT_TIMEOUT = ClusterConfig().timeout
 
 
 @dataclass
 class Timeline:
-    """What the events say so far, folded oldest first; a restart or resume rewinds the position."""
+    """What the events say so far, folded oldest first; a restart, a resume or a change of machines rewinds
+    the position."""
 
     start: JobStart = field(default_factory=JobStart)  # job_start, or the latest job_resumed (it repeats them)
     started_at: float | None = None
@@ -67,6 +72,11 @@ class Timeline:
     checkpoints: list[Checkpoint] = field(default_factory=list)
     moved: dict[int, list[int]] = field(default_factory=dict)
     """Epoch -> the next epoch's rows per training worker, for the epochs after which speed shares moved."""
+    membership: list[Membership] = field(default_factory=list)
+    """The machines of a job whose machines may change, as each attempt with other machines began."""
+    machines_newer: bool = False
+    """Whether the latest membership came after the latest job_start or job_resumed (whose world size and
+    hosts are then the old machines')."""
 
     def add(self, event: Event) -> None:
         handler = HANDLERS.get(type(event))
@@ -75,6 +85,7 @@ class Timeline:
 
     def started(self, event: JobStart) -> None:
         self.start, self.end, self.epoch_began = event, None, event.time
+        self.machines_newer = False
         self.started_at = event.time if self.started_at is None else self.started_at
 
     def loaded(self, event: DataLoaded) -> None:
@@ -104,8 +115,22 @@ class Timeline:
         if isinstance(event, JobRestarted):
             self.restarts.append(event)
         elif event.job is not None:
-            self.start = event
+            self.start, self.machines_newer = event, False
         self.completed, self.progress, self.end, self.epoch_began = event.from_epoch, None, None, event.time
+
+    def regrouped(self, event: Membership) -> None:
+        """An attempt begins on other machines: training goes on from the checkpoint's epoch, as after a
+        restart (the first machines of a job go on from the start, or a resumed job's checkpoint)."""
+        self.membership.append(event)
+        self.machines_newer = True
+        self.completed, self.progress, self.end, self.epoch_began = event.from_epoch, None, None, event.time
+
+    def machines(self) -> tuple[int | None, list[str]]:
+        """The world size and the hosts now: the latest membership's until the coordinator restarted on them."""
+        if self.machines_newer:
+            latest = self.membership[-1]
+            return latest.world_size or sum(latest.workers), sorted(set(latest.hosts))
+        return self.start.world_size, sorted(set(self.start.hosts))
 
     def failed(self, event: WorkerFailed) -> None:
         self.failures.append(event)
@@ -142,7 +167,8 @@ class Timeline:
 
 HANDLERS = {JobStart: Timeline.started, DataLoaded: Timeline.loaded, Progress: Timeline.stepped,
             EpochEnd: Timeline.epoch_ended, Checkpoint: Timeline.checkpointed, WorkerFailed: Timeline.failed,
-            JobRestarted: Timeline.went_on, JobResumed: Timeline.went_on, JobEnd: Timeline.ended}
+            JobRestarted: Timeline.went_on, JobResumed: Timeline.went_on, Membership: Timeline.regrouped,
+            JobEnd: Timeline.ended}
 
 
 @dataclass
@@ -208,6 +234,9 @@ class Status:
     before shares could differ."""
     shares_moved: list[int] = field(default_factory=list)
     """With speed shares: the epochs after which the shares moved."""
+    membership: list[Membership] = field(default_factory=list)
+    """In a job whose machines may change: its machines as each attempt with other machines began (the first:
+    those it started on)."""
 
     @property
     def machines(self) -> list[MachinePace]:
@@ -337,9 +366,10 @@ def summarize(run_dir: str | Path, now: float | None = None) -> Status:
         eta = max((epochs - timeline.completed - fraction) * mean_epoch, 0.0)
     # wall time since job_start, resumes and restarts included (job_end's seconds count training only)
     elapsed = None if timeline.started_at is None else (now if state == "running" else last_time) - timeline.started_at
+    world_size, hosts = timeline.machines()
     return Status(
-        run_dir=str(run_dir), state=state, job=start.job, algorithm=start.algorithm, world_size=start.world_size,
-        hosts=sorted(set(start.hosts)), epoch=epoch, epochs=epochs, step=step,
+        run_dir=str(run_dir), state=state, job=start.job, algorithm=start.algorithm, world_size=world_size,
+        hosts=hosts, epoch=epoch, epochs=epochs, step=step,
         step_in_epoch=progress.step_in_epoch if progress else None, steps_per_epoch=steps_per_epoch,
         train_loss=last_epoch.train_loss if last_epoch else None, step_loss=progress.loss if progress else None,
         test=timeline.test, test_epoch=timeline.test_epoch,
@@ -350,7 +380,8 @@ def summarize(run_dir: str | Path, now: float | None = None) -> Status:
         last_failure=timeline.failures[-1] if timeline.failures else None, checkpoints=len(timeline.checkpoints),
         last_checkpoint=timeline.checkpoints[-1] if timeline.checkpoints else None,
         message=message, silence_limit=timeout + STOP_GRACE_SECONDS,
-        balance=last_epoch.balance if last_epoch else None, shares_moved=timeline.shares_moved())
+        balance=last_epoch.balance if last_epoch else None, shares_moved=timeline.shares_moved(),
+        membership=timeline.membership)
 
 
 def duration(seconds: float | None) -> str:
@@ -384,6 +415,7 @@ def render(summary: Status) -> str:
     hosts = ", ".join(summary.hosts)
     lines.append(f"job {summary.job or '?'}  algorithm {summary.algorithm or '?'}  "
                  f"world size {summary.world_size or '?'}" + (f"  hosts {hosts}" if hosts else ""))
+    lines += membership_lines(summary.membership)
     lines.append(position_line(summary))
     losses = loss_line(summary)
     if losses:
@@ -424,6 +456,29 @@ def worker_lines(summary: Status) -> list[str]:
             parts[-1] += "  <- slowest" + (f": rank {slowest.rank}" if len(machine.workers) > 1 else "")
         lines.append(label + "  ".join(parts))
     return [*lines, f"balance  {balance_text(summary.balance, summary.shares_moved)}"]
+
+
+def membership_lines(membership: list[Membership]) -> list[str]:
+    """A line per change of machines (the first record holds those the job started on: no change); beyond
+    MEMBERSHIP_LINES changes, the latest ones and a count of those before."""
+    changes = membership[1:]
+    shown = changes if len(changes) <= MEMBERSHIP_LINES else changes[1 - MEMBERSHIP_LINES:]
+    texts = [machines_text(change) for change in shown]
+    if len(shown) < len(changes):
+        texts.insert(0, f"{len(changes) - len(shown)} earlier changes (shoal report lists each)")
+    labels = ["machines ", *(["         "] * (len(texts) - 1))]
+    return [label + text for label, text in zip(labels, texts)]
+
+
+def machines_text(event: Membership) -> str:
+    """`host0, host1 (2 workers) after epoch 2: host2 was lost (its launcher stopped answering)`: the machines
+    of an attempt, the checkpoint's epoch it went on from and why its machines changed."""
+    size = event.world_size or sum(event.workers)
+    several = len(event.workers) > 1 and any(count != 1 for count in event.workers)
+    counts = f": {' + '.join(map(str, event.workers))}" if several else ""  # each machine's, where they differ
+    since = f"after epoch {event.from_epoch}" if event.from_epoch else "from the start"
+    reason = f": {event.reason}" if event.reason else ""
+    return f"{', '.join(event.hosts) or '?'} ({size} worker{'s' if size != 1 else ''}{counts}) {since}{reason}"
 
 
 def pace_text(worker: WorkerPace) -> str:

@@ -54,11 +54,19 @@ class Nodes:
     """Where this node stands in a multi-machine job (the command line's cluster arguments)."""
 
     count: int = 1
+    """The machines in the job; with `minimum`, the most it takes."""
+    minimum: int | None = None
+    """With --nnodes MIN:MAX, MIN: the job goes on while at least this many remain."""
     rank: int | None = None
     endpoint: str | None = None
     run_id: str | None = None
     secret: str | None = None
     """What every node of the job holds and nobody else does (--rdzv-id, --secret-file, or a --hosts head's)."""
+
+    @property
+    def elastic(self) -> bool:
+        """Whether machines may leave and join while the job runs (--nnodes MIN:MAX, MIN < MAX)."""
+        return self.minimum is not None and self.minimum < self.count
 
     def address(self) -> tuple[str, int]:
         """The rendezvous endpoint as (host, port); a single machine uses 127.0.0.1 and a free port."""
@@ -100,6 +108,10 @@ class Decision:
     """The cause is the user's input (exit status 2)."""
     completed: bool = False
     """The job completed (a node that failed while finishing need not restart)."""
+    regroup: bool = False
+    """The machines change (--nnodes MIN:MAX): the next attempt has other members; not a failure to count."""
+    dropped: list[int] | None = None
+    """The node ranks the job goes on without (lost, or out of restarts)."""
 
 
 def resolve(host: str) -> str:
@@ -147,8 +159,9 @@ class Meeting:
         self.worker_store: stores.Sealed | None = None  # the leader's store for attempt n's workers
         self.store, self.node_rank, self.bind, self.port = self._open()
         self.leader = self.node_rank == 0
-        self.hosts = self._introduce()
-        self.counts = self._counts()  # by node rank: node k's workers are ranks sum(counts[:k]) and on
+        self.hosts = self._introduce()  # by position in `members`
+        self.counts = self._counts()  # by position: the workers of members[k] are ranks sum(counts[:k]) and on
+        self.members = list(range(self.count))  # the node ranks in the latest attempt, in order
         self.attempt = -1  # the latest attempt begun
         self.gone: set[int] = set()  # nodes known to have left without a word
 
@@ -185,19 +198,13 @@ class Meeting:
         if run_id != (nodes.run_id or "shoal"):
             raise ConfigError(f"--rdzv-id: {host}:{self.port} holds job {run_id!r}, not {nodes.run_id or 'shoal'!r}")
         rank = nodes.rank if nodes.rank is not None else store.add(keys.NEXT_NODE, 1)
-        if rank >= self.count:
+        if rank >= self.count and not self.nodes.elastic:  # an elastic job numbers every arrival
             raise ConfigError(f"--nnodes: {host}:{self.port} already has its {self.count} machines")
         return store, rank, None, self.port
 
     def _introduce(self) -> list[str]:
         """Claim the node rank and learn every node's host."""
-        claim = f"{self.host} (pid {os.getpid()}, {uuid.uuid4().hex[:8]})"
-        if self.store.compare_set(keys.node(self.node_rank, "claim"), "", claim).decode() != claim:
-            taken = self.store.get(keys.node(self.node_rank, "claim")).decode()
-            raise ConfigError(f"--node-rank: node {self.node_rank} is already taken by {taken}; give every machine "
-                              "its own rank, or none to any")
-        self.store.set(keys.node(self.node_rank, "workers"), str(self.workers))  # before the host: read with it
-        self.store.set(keys.node(self.node_rank, "host"), self.host)
+        self._claim()
         names = [keys.node(rank, "host") for rank in range(self.count)]
         missing = self._wait(names, time.monotonic() + self.timeout)
         if missing:
@@ -206,11 +213,30 @@ class Meeting:
                               f"{self.endpoint_host}:{self.port} within {self.timeout:g} s (missing node {absent})")
         return [value.decode() for value in self.store.multi_get(names)]
 
+    def _claim(self) -> None:
+        """Take this node's rank and tell its host and worker count."""
+        claim = f"{self.host} (pid {os.getpid()}, {uuid.uuid4().hex[:8]})"
+        if self.store.compare_set(keys.node(self.node_rank, "claim"), "", claim).decode() != claim:
+            taken = self.store.get(keys.node(self.node_rank, "claim")).decode()
+            raise ConfigError(f"--node-rank: node {self.node_rank} is already taken by {taken}; give every machine "
+                              "its own rank, or none to any")
+        self.store.set(keys.node(self.node_rank, "workers"), str(self.workers))  # before the host: read with it
+        self.store.set(keys.node(self.node_rank, "host"), self.host)
+
     def _counts(self) -> list[int]:
         """Every node's worker count, by node rank: each node set its own before its host, so all are there
         once every host is. Read once: a node keeps its count, as its rank, for the whole job."""
         names = [keys.node(rank, "workers") for rank in range(self.count)]
         return [int(value) for value in self.store.multi_get(names)]
+
+    @property
+    def position(self) -> int:
+        """This node's place among the latest attempt's members: its node rank for torch's agent."""
+        return self.members.index(self.node_rank)
+
+    def host_of(self, node_rank: int) -> str:
+        """The host of a node of the latest attempt."""
+        return self.hosts[self.members.index(node_rank)]
 
     def layout(self) -> str:
         """The machines and their workers, in rank order, for a message: `node 0 (host0) 2, node 1 (host1) 1`."""
@@ -228,12 +254,12 @@ class Meeting:
             self.worker_store = stores.Sealed(server, self.secret)
             self.store.set(keys.attempt(attempt, "port"), str(server.port))
         self.store.set(keys.joined(attempt, self.node_rank), "1")
-        joined = [keys.joined(attempt, rank) for rank in range(self.count)]
+        joined = [keys.joined(attempt, rank) for rank in self.members]
         missing = self._wait([keys.attempt(attempt, "port"), *joined], time.monotonic() + self.timeout)
         if missing:
             gone = [keys.node_of(key) for key in missing if key in joined]
             self.gone.update(gone)
-            names = ", ".join(f"{self.hosts[rank]} (node {rank})" for rank in gone) or self.hosts[0]
+            names = ", ".join(f"{self.host_of(rank)} (node {rank})" for rank in gone) or self.hosts[0]
             raise WorkerError(f"{names} did not come back within {self.timeout:g} s (cluster.timeout)")
         port = int(self.store.get(keys.attempt(attempt, "port")))
         address = "127.0.0.1" if self.nodes.endpoint is None else self.endpoint_host
@@ -246,7 +272,7 @@ class Meeting:
 
     def reports(self, attempt: int, seconds: float = REPORT_SECONDS) -> tuple[list[Report], list[int]]:
         """(the reports of attempt `attempt`, the nodes that sent none within `seconds`)."""
-        names = [keys.report(attempt, rank) for rank in range(self.count)]
+        names = [keys.report(attempt, rank) for rank in self.members]
         missing = self._wait(names, time.monotonic() + seconds, watch_end=False)
         sent = [key for key in names if key not in missing]
         reports = [Report(**json.loads(value)) for value in self.store.multi_get(sent)] if sent else []
@@ -279,9 +305,18 @@ class Meeting:
     def linger(self, seconds: float = REPORT_SECONDS) -> None:
         """The leader keeps the store up until every follower still there has read the decision or the end."""
         with contextlib.suppress(*stores.STORE_ERRORS):
-            there = [rank for rank in range(1, self.count) if rank not in self.gone and
+            there = [rank for rank in self.members[1:] if rank not in self.gone and
                      (self.attempt < 0 or self.store.check([keys.joined(self.attempt, rank)]))]
+            there += self.waiting()
             self._wait([keys.left(rank) for rank in there], time.monotonic() + seconds, watch_end=False)
+
+    def waiting(self) -> list[int]:
+        """Nodes that wait to join the next attempt (none: every node of a fixed job joins every attempt)."""
+        return []
+
+    def wait_for(self, key: str, seconds: float = REPORT_SECONDS) -> bool:
+        """Wait for one key the leader sets once the machines met; True when it never came."""
+        return bool(self._wait([key], time.monotonic() + seconds))
 
     def ended(self) -> str | None:
         return self.store.get(keys.END).decode() if self.store.check([keys.END]) else None
@@ -332,7 +367,7 @@ class AttemptRendezvous(RendezvousHandler):
 
     def __init__(self, meeting: Meeting, attempt: int, address: str, port: int):
         self.store = dist.HashStore()  # torch's agent asks none of it: see shoal.cluster.node.agent.NodeAgent
-        self.rank, self.count = meeting.node_rank, meeting.count
+        self.rank, self.count = meeting.position, len(meeting.members)
         self.address, self.port = address, port
 
     def get_backend(self) -> str:

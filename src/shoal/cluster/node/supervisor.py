@@ -10,24 +10,29 @@ workers' liveness, and records each failure, restart and the job's end, whatever
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch.distributed as dist
 
-from shoal.cluster import heartbeat, verdict
+from shoal.cluster import heartbeat, keys, verdict
 from shoal.cluster.node.agent import node_of_rank
 from shoal.cluster.node.forkserver import ForkServer
 from shoal.cluster.node.launch import launch, restart_line, workers_environment
+from shoal.cluster.node.membership import ElasticMeeting
 from shoal.cluster.node.rendezvous import AttemptRendezvous, Decision, Meeting, Nodes, Report, failure_fields
 from shoal.cluster.node.watch import AttemptWatch
+from shoal.cluster.regroup import ELASTIC_VARIABLE
 from shoal.cluster.signals import Interrupted, interruptible
 from shoal.cluster.store import SECRET_VARIABLE, StoreUnreachable
 from shoal.cluster.verdict import Account, Kind
+from shoal.data.source import SECRET_VARIABLE as DATA_SECRET
+from shoal.data.source import SERVER_VARIABLE
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError, first_line
-from shoal.events import JobEnd, JobRestarted, WorkerFailed, append_event
+from shoal.events import JobEnd, JobRestarted, Membership, WorkerFailed, append_event
 
 
 @dataclass
@@ -47,6 +52,16 @@ class Plan:
     """The caller's callbacks, written by value (`shoal.fit(callbacks=...)`), for the coordinator."""
     server: ForkServer | None = None
     """The caller's fork server (shoal.cluster.node.forkserver), which every attempt's workers fork from."""
+    elastic: bool = False
+    """Machines may leave and join (--nnodes MIN:MAX): shoal.cluster.node.membership's meeting."""
+    rejoin_timeout: float = 60.0
+    """How long a lost machine has to come back, and the first machines wait for more than MIN."""
+    membership_record: Callable[..., Membership] | None = None
+    """The `membership` event for a new set of machines (api's: the epoch it goes on from and the shares)."""
+    datasets: list[str] = field(default_factory=list)
+    """The job's datasets as it names them: the first machine serves those it holds to the others."""
+    streamed: bool = False
+    """This machine lacks the job's datasets: it streams them from the first machine's data server."""
     check_layout: Callable[[int], None] | None = None
     """Training's checks for a job of this many workers in all (training's check_world_size, and a resume's
     checkpoints), raising ConfigError: across machines the total is known only once all have met."""
@@ -54,11 +69,16 @@ class Plan:
 
 def supervise(plan: Plan, nodes: Nodes) -> None:
     """Run the job's workers on this node until the job completes; raise WorkerError or Interrupted."""
-    meeting = None
+    meeting = data_server = None
     with interruptible():
         try:
-            meeting = Meeting(nodes, plan.timeout, plan.workers)
-            check_layout(plan, meeting)
+            if plan.elastic:
+                meeting = ElasticMeeting(nodes, plan.timeout, plan.workers, plan.rejoin_timeout)
+            else:
+                meeting = Meeting(nodes, plan.timeout, plan.workers)
+            data_server = serve_data(plan, meeting) if nodes.count > 1 else None
+            if not plan.elastic:
+                check_layout(plan, meeting)
             Supervisor(plan, meeting).run()
         except Interrupted as interrupt:
             if meeting is not None:
@@ -78,6 +98,29 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
             if meeting is not None:
                 meeting.linger() if meeting.leader else meeting.leave()
                 meeting.close()
+            if data_server is not None:
+                data_server.close()
+
+
+def serve_data(plan: Plan, meeting: Meeting):
+    """The first machine serves the job's datasets it holds, read-only and to the job's secret only; a machine
+    without them learns where (and so do its workers, from this process's environment). Returns the server."""
+    if meeting.leader:
+        held = {path: path for path in plan.datasets if "://" not in path and os.path.isdir(path)}
+        if not held:
+            return None
+        from shoal.data.flight import DataServer  # gRPC, loaded only where a job spans machines
+
+        server = DataServer(held, meeting.secret, host=meeting.bind or meeting.endpoint_host)
+        meeting.store.set(keys.DATA_PORT, str(server.port))
+        return server
+    if plan.streamed:
+        if meeting.wait_for(keys.DATA_PORT):
+            raise ConfigError(f"{plan.datasets[0]}: not on this machine ({meeting.host}), and the first machine "
+                              f"({meeting.endpoint_host}) serves no dataset: it lacks it too")
+        port = int(meeting.store.get(keys.DATA_PORT))
+        os.environ.update({SERVER_VARIABLE: f"{meeting.endpoint_host}:{port}", DATA_SECRET: meeting.secret})
+    return None
 
 
 def check_layout(plan: Plan, meeting: Meeting) -> None:
@@ -88,7 +131,7 @@ def check_layout(plan: Plan, meeting: Meeting) -> None:
     try:
         plan.check_layout(sum(meeting.counts))
     except ConfigError as error:
-        if meeting.count == 1:
+        if len(meeting.members) == 1:
             raise
         raise ConfigError(f"{first_line(error)} (workers on each machine: {meeting.layout()})") from None
 
@@ -102,30 +145,41 @@ def lost_store(reason: str, meeting: Meeting | None) -> WorkerError:
     """The first machine, or the way to it, is gone: one line naming both ends."""
     if meeting is None:
         return WorkerError(f"could not join the job's store: {reason}")
-    return WorkerError(f"{meeting.host} lost the job's store on {meeting.hosts[0]}: {reason}")
+    first = meeting.hosts[0] if meeting.hosts else meeting.endpoint_host
+    return WorkerError(f"{meeting.host} lost the job's store on {first}: {reason}")
 
 
 class Supervisor:
     def __init__(self, plan: Plan, meeting: Meeting):
         self.plan, self.meeting = plan, meeting
         self.restarts = 0
+        self.failures: dict[int, int] = {}  # by node rank, in a job of changing machines: its restarts used
+        self.reasons: dict[str, str] = {}  # by host: why it left, for the next membership event
 
     def run(self) -> None:
-        attempt, resume = 0, self.plan.resume
+        attempt = self.first_attempt()
+        resume = self.plan.resume or attempt > 0  # a machine that joins a running job goes on from its checkpoint
         while True:
             try:
                 address, port = self.meeting.begin(attempt)
             except WorkerError as error:  # a node did not come (back)
                 self.fail_job(str(error))
                 raise
+            attempt = self.meeting.attempt  # a machine that arrived late joins a later one
+            self.begun(attempt)
             failure = self.run_attempt(attempt, AttemptRendezvous(self.meeting, attempt, address, port), resume)
             if failure is None:
-                return
-            decision = self.decide(attempt) if self.meeting.leader else self.meeting.decision(attempt)
+                decision = self.after_success(attempt)
+                if decision is None or decision.completed:
+                    return
+            else:
+                decision = self.decide(attempt) if self.meeting.leader else self.meeting.decision(attempt)
             if decision.completed and self.meeting.leader:
                 print(f"shoal: the job completed; afterwards {failure}", file=sys.stderr)
             if decision.completed:
                 return
+            if decision.dropped and self.meeting.node_rank in decision.dropped:
+                raise WorkerError(f"{self.meeting.host} leaves the job: {decision.message}")
             if not decision.restart:
                 error = WorkerError(decision.message)
                 error.exit_code = EXIT_USAGE if decision.usage else 1
@@ -133,13 +187,50 @@ class Supervisor:
                 raise error
             attempt, resume = attempt + 1, True
 
+    def first_attempt(self) -> int:
+        """0, or for a machine joining a running job of changing machines the next attempt."""
+        return self.meeting.first_attempt() if self.plan.elastic else 0
+
+    def begun(self, attempt: int) -> None:
+        """Every machine has joined `attempt`: a job of changing machines checks the new world size on every
+        machine, and the leader records who left or joined."""
+        if not self.plan.elastic:
+            return
+        check_layout(self.plan, self.meeting)
+        meeting = self.meeting
+        left, joined = meeting.changes()
+        if meeting.leader and (left or joined) and self.plan.membership_record is not None:
+            reason = "; ".join(f"{host} {self.reasons.pop(host, 'left')}" for host in left) or \
+                ("the first machines met" if not meeting.previous else f"{', '.join(joined)} joined")
+            record = self.plan.membership_record(self.plan.run_dir, sum(meeting.counts))
+            record.attempt, record.hosts, record.workers, record.left, record.joined, record.reason = \
+                attempt, meeting.hosts, meeting.counts, left, joined, reason
+            append_event(self.plan.run_dir, record)
+            print(f"shoal: machines now {meeting.layout()}: {reason}", file=sys.stderr, flush=True)
+
+    def after_success(self, attempt: int) -> Decision | None:
+        """What follows an attempt whose workers all ended well: the job is done (None), or in a job of
+        changing machines the workers stopped at an epoch's end for machines waiting to join."""
+        if not self.plan.elastic:
+            return None
+        meeting = self.meeting
+        if not meeting.leader:
+            return meeting.decision(attempt)
+        regroup = meeting.worker_store is not None and meeting.worker_store.check([keys.REGROUPED])
+        decision = Decision(restart=regroup, regroup=regroup, completed=not regroup,
+                            message="machines join" if regroup else "")
+        if not regroup:  # a machine still waiting to join learns the job is over
+            meeting.end("the job completed before this machine could join")
+        meeting.decide(attempt, decision)
+        return decision
+
     def run_attempt(self, attempt: int, rendezvous: AttemptRendezvous, resume: bool) -> WorkerError | None:
         """Run this node's workers once; report the outcome to the leader. Returns the failure, if any."""
         plan, meeting = self.plan, self.meeting
         watch = AttemptWatch(meeting, attempt)
         try:
             # the workers' keys are named by the job's secret: handed in their environment, never their argv
-            with watch, workers_environment({SECRET_VARIABLE: meeting.secret}):
+            with watch, workers_environment(self.worker_variables()):
                 launch(plan.job_file, plan.run_dir, workers=plan.workers, threads=plan.threads,
                        rendezvous=rendezvous, resume=resume, callbacks=plan.callbacks, server=plan.server,
                        counts=meeting.counts)
@@ -153,9 +244,17 @@ class Supervisor:
                                            usage=error.exit_code == EXIT_USAGE))
             return error
         meeting.report(attempt, Report(meeting.node_rank, succeeded=True))
-        if meeting.leader:  # a follower that failed while finishing learns the job is done anyway
+        if meeting.leader and not self.plan.elastic:  # a follower that failed while finishing learns it is done
             meeting.decide(attempt, Decision(restart=False, completed=True))
         return None
+
+    def worker_variables(self) -> dict[str, str]:
+        """What the workers learn from their environment: the job's secret (never on their command line)
+        and, in a job of changing machines, that they stop at an epoch's end when machines join."""
+        variables = {SECRET_VARIABLE: self.meeting.secret}
+        if self.plan.elastic:
+            variables[ELASTIC_VARIABLE] = "1"
+        return variables
 
     def decide(self, attempt: int) -> Decision:
         """The leader: the root cause from every node's report, recorded; restart or stop, for every node."""
@@ -168,11 +267,14 @@ class Supervisor:
             return decision
         reports, missing = meeting.reports(attempt)
         silent = heartbeat.verdict(meeting.worker_store)
-        cause, text = root_cause(reports, missing, silent, meeting.hosts, workers=meeting.counts)
+        positions = [meeting.members.index(node) for node in missing]
+        cause, text = root_cause(reports, positions, silent, meeting.hosts, workers=meeting.counts)
         append_event(run_dir, cause)
         usage = any(report.usage for report in reports if not report.consequence)
         if any(report.succeeded for report in reports):  # workers pass their last barrier after the model is saved
             decision = Decision(restart=False, completed=True)
+        elif not usage and (regrouped := self.regroup(cause, missing, text)) is not None:
+            decision = regrouped
         elif usage or self.restarts >= self.plan.max_restarts:
             append_event(run_dir, JobEnd(status="failed", message=text))
             decision = Decision(restart=False, message=text, failure=failure_fields(cause), usage=usage)
@@ -184,6 +286,44 @@ class Supervisor:
             decision = Decision(restart=True, message=text)
         meeting.decide(attempt, decision)
         return decision
+
+    def regroup(self, cause: WorkerFailed, missing: list[int], text: str) -> Decision | None:
+        """A job of changing machines counts restarts per machine: it restarts on the same machines, or goes on
+        without those lost and those out of restarts (the first machine, which holds the job's store, cannot
+        leave: out of restarts, the job stops). None: a fixed job restarts or stops as before."""
+        if not self.plan.elastic:
+            return None
+        meeting, run_dir = self.meeting, self.plan.run_dir
+        out = self.out_of_job(cause, missing)
+        if meeting.node_rank in out:
+            append_event(run_dir, JobEnd(status="failed", message=text))
+            return Decision(restart=False, message=text, failure=failure_fields(cause))
+        if not out:
+            self.restarts += 1
+            restart = self.plan.restart_record(run_dir, self.restarts)
+            append_event(run_dir, restart)
+            print(restart_line(text, restart, self.plan.max_restarts), file=sys.stderr, flush=True)
+            return Decision(restart=True, message=text)
+        meeting.drop(out)  # fewer than MIN left: the next attempt waits cluster.rejoin_timeout for more
+        print(f"shoal: {text}; going on without {', '.join(meeting.host_of(node) for node in out)}",
+              file=sys.stderr, flush=True)
+        return Decision(restart=True, regroup=True, message=text, dropped=out)
+
+    def out_of_job(self, cause: WorkerFailed, missing: list[int]) -> list[int]:
+        """The nodes a failure takes out: those that sent no report, and the one blamed once it has failed more
+        than --max-restarts times; why, by host, for the next membership event."""
+        meeting = self.meeting
+        blamed = meeting.members[meeting.hosts.index(cause.host)] if cause.host in meeting.hosts else None
+        if blamed is not None and blamed not in missing:
+            self.failures[blamed] = self.failures.get(blamed, 0) + 1
+        spent = [node for node in meeting.members if node not in missing and
+                 self.failures.get(node, 0) > self.plan.max_restarts]
+        for node in missing:
+            self.reasons[meeting.host_of(node)] = "was lost (its launcher stopped answering)"
+        for node in spent:
+            self.reasons[meeting.host_of(node)] = \
+                f"failed {self.failures[node]} times (--max-restarts {self.plan.max_restarts})"
+        return sorted({*missing, *spent})
 
     def fail_job(self, message: str) -> None:
         if self.meeting.leader:

@@ -4,7 +4,8 @@ A worker on another machine that dies usually makes this node's workers fail too
 always at once (a parameter server waiting for messages, a peer whose link was cut makes a
 collective wait for `cluster.timeout`). The launcher watches the job's store instead, from a
 thread beside torch's agent: another node's failure flag, or the job's end, stops this node's
-workers within a moment; losing the store itself (the first machine gone) does too.
+workers within a moment; losing the store itself (the first machine gone) does too. In a job of
+changing machines the leader's watch also tells the workers that machines wait to join.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.distributed as dist
 
 from shoal.cluster import keys
 from shoal.cluster.node.launch import SHUTDOWN_SECONDS, stop_workers
+from shoal.cluster.node.membership import ElasticMeeting
 from shoal.cluster.node.rendezvous import Meeting
 from shoal.cluster.store import STORE_ERRORS
 from shoal.errors import first_line
@@ -31,6 +33,9 @@ class AttemptWatch:
     def __init__(self, meeting: Meeting, attempt: int, interval: float = WATCH_SECONDS):
         self.meeting, self.interval = meeting, interval
         self.keys = [keys.attempt(attempt, "failed"), keys.END]
+        # the leader of a job of changing machines: machines asking to join the next attempt
+        elastic = isinstance(meeting, ElasticMeeting) and meeting.leader
+        self.arrivals = keys.attempt(attempt + 1, "arrivals") if elastic else None
         self.stopped = False  # it stopped the workers: their failure is a consequence
         self.lost: str | None = None  # why the job's store could no longer be reached
         self._done = threading.Event()
@@ -45,6 +50,7 @@ class AttemptWatch:
     def _run(self, store: dist.Store) -> None:
         while not self._done.wait(self.interval):
             try:
+                self._tell_arrivals(store)
                 if not any(store.check([key]) for key in self.keys):
                     continue
             except STORE_ERRORS as error:
@@ -57,6 +63,12 @@ class AttemptWatch:
                 continue
             number = signal.SIGKILL if waited > GRACE_SECONDS + SHUTDOWN_SECONDS else signal.SIGTERM
             self.stopped = stop_workers(number) > 0 or self.stopped
+
+    def _tell_arrivals(self, store: dist.Store) -> None:
+        """Machines wait to join: the workers stop together at their next epoch's end (shoal.cluster.regroup)."""
+        if self.arrivals is not None and store.check([self.arrivals]):
+            self.meeting.worker_store.set(keys.REGROUP, "1")
+            self.arrivals = None
 
     def __exit__(self, *exception) -> None:
         self._done.set()

@@ -2,7 +2,9 @@
 
 The coordinator hands `Loggers` to its `EventLog` as a listener, so every record reaches the
 loggers right after it reaches events.jsonl, from the training thread and the background
-validation alike: the loggers show the file's numbers and nothing else. A logger is a
+validation alike: the loggers show the file's numbers and nothing else. The launcher's
+`membership` records (a job whose machines change) reach them through the file: as the
+coordinator starts, the records written since its attempt's last start go first. A logger is a
 convenience, never a reason to lose a job: one that fails (an MLflow server gone) prints one
 warning line and is off for the rest of the job. TensorBoard and MLflow are optional extras;
 naming one that is not installed is a ConfigError before any worker starts.
@@ -18,8 +20,8 @@ from pathlib import Path
 from typing import Protocol
 
 from shoal.config import JobConfig
-from shoal.errors import ConfigError, first_line
-from shoal.events import Event
+from shoal.errors import ConfigError, ShoalError, first_line
+from shoal.events import Event, JobStart, Membership, read_history
 
 PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
 """The package each optional logger imports; its extra has the logger's name."""
@@ -42,15 +44,21 @@ def check_installed(names: Sequence[str]) -> None:
 class Loggers:
     """The job's loggers as one listener; a logger that raises warns once and is dropped."""
 
-    def __init__(self, loggers: dict[str, Logger], stream=None):
+    def __init__(self, loggers: dict[str, Logger], stream=None, run_dir: Path | None = None):
+        """`run_dir`: where the launcher's membership records are read from, as the coordinator starts."""
         self.loggers = loggers
         self.stream = stream or sys.stderr
         self.lock = threading.Lock()  # the training thread and the background validation both write
+        self.run_dir = run_dir
 
     def __call__(self, event: Event) -> None:
         with self.lock:
-            for name, logger in list(self.loggers.items()):
-                self.attempt(name, logger.write, event)
+            records = [event]
+            if isinstance(event, JobStart) and self.run_dir is not None:
+                records = [*new_membership(self.run_dir), event]
+            for record in records:
+                for name, logger in list(self.loggers.items()):
+                    self.attempt(name, logger.write, record)
 
     def close(self) -> None:
         with self.lock:
@@ -75,11 +83,29 @@ class Loggers:
                 pass
 
 
+def new_membership(run_dir: Path) -> list[Membership]:
+    """The membership records of the attempt whose coordinator just wrote its job_start or job_resumed (the
+    newest in the file): those after the start record before it. The launcher writes them, not the
+    coordinator's event log; an unreadable file has none."""
+    try:
+        events = read_history(run_dir, warn=False).events
+    except (OSError, ShoalError):
+        return []
+    found: list[Membership] = []
+    pending: list[Membership] = []
+    for event in events:
+        if isinstance(event, Membership):
+            pending.append(event)
+        elif isinstance(event, JobStart):
+            found, pending = pending, []
+    return found
+
+
 def open_loggers(job: JobConfig, run_dir: Path, test_metrics: Sequence[str] = (), stream=None) -> Loggers:
     """The loggers the job names, open; `test_metrics`: the metric names evaluation can give (the CSV
     file's columns). One that cannot open warns and is left out."""
     check_installed(job.output.loggers)
-    loggers = Loggers({}, stream)
+    loggers = Loggers({}, stream, Path(run_dir))
     for name in job.output.loggers:
         try:
             loggers.loggers[name] = _open(name, job, Path(run_dir), test_metrics)

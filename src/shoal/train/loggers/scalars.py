@@ -3,7 +3,9 @@
 TensorBoard and MLflow take what this module gives (the CSV file takes the same epoch values),
 so no logger can show a number that events.jsonl does not hold. Epoch values are at the epoch
 (numbered from 1), a validation at its count of steps or server updates, a progress loss at
-the global step: numbers that go on growing when a job resumes, so curves continue.
+the global step: numbers that go on growing when a job resumes, so curves continue. An epoch's
+world size is the one its attempt started with (`WorldSize`): in a job whose machines change it
+changes between epochs.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from shoal.events import EpochEnd, Event, JobEnd, JobStart, Progress, Validation
+from shoal.events import EpochEnd, Event, JobEnd, JobStart, Membership, Progress, Validation
+
+WORLD_SIZE = "cluster/world_size"
 
 
 @dataclass
@@ -22,10 +26,23 @@ class Scalars:
     """When the record was written (unix seconds)."""
 
 
-def scalars(event: Event) -> Scalars | None:
-    """The scalars a record stands for; None for a record with none."""
+class WorldSize:
+    """The world size of the attempt whose records a logger is given: job_start's or job_resumed's, or the
+    membership record's that comes before them."""
+
+    def __init__(self):
+        self.value: int | None = None
+
+    def follow(self, event: Event) -> None:
+        if isinstance(event, JobStart | Membership) and event.world_size:
+            self.value = event.world_size
+
+
+def scalars(event: Event, world_size: int | None = None) -> Scalars | None:
+    """The scalars a record stands for; None for a record with none. `world_size`: the epoch's attempt's,
+    when known."""
     if isinstance(event, EpochEnd):
-        return Scalars(event.epoch, epoch_values(event), event.time)
+        return Scalars(event.epoch, epoch_values(event, world_size), event.time)
     if isinstance(event, Validation):
         return Scalars(event.count, prefixed(Validation.kind, event.test), event.time)  # validation/accuracy
     if isinstance(event, Progress) and event.loss is not None:
@@ -35,12 +52,15 @@ def scalars(event: Event) -> Scalars | None:
     return None
 
 
-def epoch_values(event: EpochEnd) -> dict[str, float]:
-    """An epoch's train loss, test metrics, throughput, time split and the algorithm's numbers."""
+def epoch_values(event: EpochEnd, world_size: int | None = None) -> dict[str, float]:
+    """An epoch's train loss, test metrics, throughput, time split, the algorithm's numbers and the world size
+    it trained on (when known)."""
     values = {"train/loss": event.train_loss, **prefixed("test", event.test),
               "throughput/samples_per_second": event.samples_per_second, "time/epoch": event.seconds}
     values.update(prefixed("time", event.seconds_split.parts()))
     values.update(prefixed("algorithm", flat(event.algorithm or {})))
+    if world_size:
+        values[WORLD_SIZE] = float(world_size)
     return values
 
 

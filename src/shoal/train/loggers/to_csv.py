@@ -2,7 +2,9 @@
 
 The columns are fixed when the file is made (the epoch, its totals, every test metric the
 objective can give, the time split), so a row never needs a column the header lacks; columns are
-named as epoch_end's fields, nested ones dotted (`test.accuracy`, `seconds_split.compute`). Each
+named as epoch_end's fields, nested ones dotted (`test.accuracy`, `seconds_split.compute`), then
+`world_size`: the workers of the attempt that trained the epoch (it changes between epochs in a job
+whose machines change; a file begun before the column existed goes on without it). Each
 row is flushed to disk as it is written, so a crashed job keeps its epochs. A resumed job
 appends under the header already there (a row cut short by a crash is dropped first); an epoch
 redone after a restart gets a second row, as it has a second record. The file is never opened
@@ -18,19 +20,23 @@ from pathlib import Path
 
 from shoal.events import SPLIT_PARTS, EpochEnd, Event
 from shoal.safe_files import open_file
+from shoal.train.loggers.scalars import WorldSize
 
 CSV_FILE = "metrics.csv"
 TOTALS = ("epoch", "step", "time", "train_loss", "samples", "seconds", "samples_per_second")
+WORLD_SIZE = "world_size"
 
 
 def columns(test_metrics: Sequence[str]) -> list[str]:
-    return [*TOTALS, *(f"test.{name}" for name in test_metrics), *(f"seconds_split.{part}" for part in SPLIT_PARTS)]
+    return [*TOTALS, *(f"test.{name}" for name in test_metrics), *(f"seconds_split.{part}" for part in SPLIT_PARTS),
+            WORLD_SIZE]
 
 
-def row(event: EpochEnd) -> dict:
+def row(event: EpochEnd, world_size: int | None = None) -> dict:
     values = {name: getattr(event, name) for name in TOTALS}
     values.update({f"test.{name}": value for name, value in event.test.items()})
     values.update({f"seconds_split.{part}": seconds for part, seconds in event.seconds_split.parts().items()})
+    values[WORLD_SIZE] = world_size  # an unknown one is an empty cell
     return values
 
 
@@ -44,10 +50,12 @@ class CsvLogger:
         if header is None:
             self.writer.writeheader()
             self.flush()
+        self.world_size = WorldSize()
 
     def write(self, event: Event) -> None:
+        self.world_size.follow(event)
         if isinstance(event, EpochEnd):
-            self.writer.writerow(row(event))
+            self.writer.writerow(row(event, self.world_size.value))
             self.flush()
 
     def flush(self) -> None:

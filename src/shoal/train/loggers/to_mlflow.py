@@ -6,7 +6,9 @@ job's name). The run's id is kept in RUN_DIR/mlflow.json, and a resumed job (or 
 attempt) goes on in the same MLflow run when it reaches the same tracking URI: metrics continue
 at their steps, params it already has are kept (MLflow's params cannot change; a setting changed
 on resumption shows in job.toml and events.jsonl). A job that ends without completing leaves
-its run FAILED, until it is resumed.
+its run FAILED, until it is resumed. Every epoch has its world size (the `cluster/world_size`
+metric); in a job whose machines change, the tag `shoal.machines` says the latest set of machines
+and why it changed (a tag, as it changes: a param could not).
 
 Requests give up quickly (MLFLOW_HTTP_REQUEST_MAX_RETRIES, _BACKOFF_FACTOR and _TIMEOUT default to
 2, 1 and 10 seconds here, unless set): a tracking server that is down costs the job seconds, then
@@ -23,15 +25,18 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from shoal.durable import write_text_durably
-from shoal.events import Event, JobEnd, JobStart
+from shoal.events import Event, JobEnd, JobStart, Membership
 from shoal.safe_files import refuse_links_within
-from shoal.train.loggers.scalars import parameters, scalars
+from shoal.train.loggers.scalars import WorldSize, parameters, scalars
+from shoal.train.status import machines_text
 
 RUN_FILE = "mlflow.json"
 PATIENCE = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
             "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 FILE_STORE = {"MLFLOW_ALLOW_FILE_STORE": "true"}
 PARAM_LENGTH = 6000  # the longest param value MLflow (2.10 and later) takes
+TAG_LENGTH = 5000  # the longest tag value every MLflow since 1.0 takes
+MACHINES_TAG = "shoal.machines"
 
 
 class MlflowLogger:
@@ -48,6 +53,7 @@ class MlflowLogger:
         self.client = MlflowClient(tracking_uri=self.uri)
         self.run_id = self.resumed() or self.new_run(experiment)
         self.ended = False
+        self.world_size = WorldSize()
 
     def resumed(self) -> str | None:
         """The id of the run an earlier attempt in this folder logged to, when it is at this URI."""
@@ -70,9 +76,13 @@ class MlflowLogger:
         return run.info.run_id
 
     def write(self, event: Event) -> None:
+        self.world_size.follow(event)
         if isinstance(event, JobStart):
             self.log_parameters(event)
-        found = scalars(event)
+        if isinstance(event, Membership):
+            self.client.set_tag(self.run_id, MACHINES_TAG,
+                                f"attempt {event.attempt}: {machines_text(event)}"[:TAG_LENGTH])
+        found = scalars(event, self.world_size.value)
         if found is not None:
             from mlflow.entities import Metric
 

@@ -4,7 +4,9 @@ Written with torch's SummaryWriter (which needs the tensorboard package: `shoal[
 Each scalar keeps the time of its record, and its step is the epoch, the validation's count or
 the global step: a resumed job opens a new event file in the same folder and its curves go on
 where they stopped. The job's settings are hyperparameters (the HPARAMS tab, written once, when
-the job starts) and text (the TEXT tab, at every start or resumption).
+the job starts) and text (the TEXT tab, at every start or resumption). In a job whose machines
+change, each set of machines is text too (`cluster/membership`, at the epoch it goes on from), and
+every epoch has its world size (`cluster/world_size`).
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shoal.events import Event, JobStart
+from shoal.events import Event, JobStart, Membership
 from shoal.safe_files import refuse_links_within
-from shoal.train.loggers.scalars import parameters, scalars
+from shoal.train.loggers.scalars import WorldSize, parameters, scalars
+from shoal.train.status import machines_text
 
 TENSORBOARD_FOLDER = "tensorboard"
+MEMBERSHIP_TAG = "cluster/membership"
 
 
 class TensorBoardLogger:
@@ -26,12 +30,19 @@ class TensorBoardLogger:
         folder = Path(run_dir) / TENSORBOARD_FOLDER
         refuse_links_within(folder)  # its event files' names are foreseeable (time, host, pid); opened by name
         self.writer = SummaryWriter(log_dir=str(folder))
+        self.world_size = WorldSize()
 
     def write(self, event: Event) -> None:
+        self.world_size.follow(event)
         if isinstance(event, JobStart):
             self.settings(event)
             return
-        found = scalars(event)
+        if isinstance(event, Membership):
+            self.writer.add_text(MEMBERSHIP_TAG, f"attempt {event.attempt}: {machines_text(event)}", event.from_epoch,
+                                 walltime=event.time)
+            self.writer.flush()
+            return
+        found = scalars(event, self.world_size.value)
         if found is None:
             return
         for name, value in found.values.items():
