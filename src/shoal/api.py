@@ -16,7 +16,7 @@ from shoal.cluster.env import threads_per_worker
 from shoal.cluster.node import forkserver
 from shoal.cluster.node.rendezvous import Nodes
 from shoal.cluster.node.supervisor import Plan, supervise
-from shoal.config import GROUP_BY_MACHINE, ClusterConfig, JobConfig, apply_overrides, parse_override
+from shoal.config import GROUP_BY_MACHINE, ClusterConfig, JobConfig, apply_overrides, node_range, parse_override
 from shoal.data.balance import equal_plan
 from shoal.errors import ConfigError
 from shoal.events import EVENTS_FILE, EpochEnd, Membership, read_history
@@ -128,11 +128,13 @@ def check_layout(job: JobConfig, prepared: Callable[[], Prepared], resumed: Path
 
 def membership_record(job: JobConfig, prepared: Callable[[], Prepared], run_dir: Path, world_size: int) -> Membership:
     """A `membership` event's checkpoint epoch and shares for `world_size` workers in all (its launcher adds
-    the machines): equal shares of the training rows, as the next epoch starts with."""
+    the machines): equal shares of the training rows, as the next epoch starts with (speed shares are measured
+    again from equal ones)."""
     groups = 1 if job.cluster.groups == GROUP_BY_MACHINE else job.cluster.groups
     trainers = len(trainer_ranks(make_algorithm(job.algorithm.name, job.algorithm.options, groups), world_size))
-    shares = equal_plan(prepared().train_set.rows, trainers, job.train.batch_size).shares
-    return Membership(from_epoch=newest_epoch(run_dir), world_size=world_size, shares=list(shares))
+    shares = list(equal_plan(prepared().train_set.rows, trainers, job.train.batch_size).shares)
+    fixed = isinstance(job.cluster.balance, list)  # a fixed speed list's shares: in data_loaded
+    return Membership(from_epoch=newest_epoch(run_dir), world_size=world_size, shares=None if fixed else shares)
 
 
 def absolute_data_paths(job: JobConfig) -> None:
@@ -189,6 +191,9 @@ def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=N
         table["model"] = shipped
     with datasets_on_disk(table, train, test, label) as table:
         config = resolve_job(table, overrides, workers)
+        if node_range(config.cluster.nodes, "cluster.nodes") != (1, 1):
+            raise ConfigError(f"cluster.nodes: shoal.fit trains on this machine, not {config.cluster.nodes!r}: "
+                              "start `shoal train` on each machine for a job of several")
         relay = in_notebook() and config.output.progress == "auto"
         if relay:  # the workers' lines would go to the notebook server's log: this process shows the epochs
             config.output.progress = "none"

@@ -41,7 +41,8 @@ def train_here(args: argparse.Namespace, server=None) -> int:
         job = resolve_job(args.job, args.overrides)
     if args.max_restarts < 0:
         raise ShoalError(f"--max-restarts: must be >= 0, got {args.max_restarts}")
-    if args.hosts or args.hostfile or (job.cluster.hosts and not args.stop_when_input_closes and args.nnodes is None):
+    if args.hosts or args.hostfile or (job.cluster.hosts and not args.stop_when_input_closes
+                                       and args.nnodes in (None, "1")):
         if server is not None:  # the hosts run the workers
             server.close()
         return command_train_hosts(args, job)
@@ -83,7 +84,8 @@ def machines(args: argparse.Namespace, job) -> tuple[int, int]:
     if args.nnodes is None:
         return node_range(job.cluster.nodes, "cluster.nodes")
     minimum, maximum = node_range(args.nnodes, "--nnodes")
-    job.cluster.nodes = maximum if minimum == maximum else f"{minimum}:{maximum}"
+    if minimum < maximum:  # a resume goes on as a job of changing machines (a fixed count is given again)
+        job.cluster.nodes = f"{minimum}:{maximum}"
     return minimum, maximum
 
 
@@ -134,7 +136,7 @@ def command_train_hosts(args: argparse.Namespace, job) -> int:
     from shoal.cluster.signals import Interrupted
     from shoal.train.directory import new_run_dir
 
-    if args.nnodes is not None or args.node_rank is not None or args.rdzv_endpoint or args.interface:
+    if args.nnodes not in (None, "1") or args.node_rank is not None or args.rdzv_endpoint or args.interface:
         raise ShoalError("--hosts: the nodes' ranks, meeting place and interfaces are chosen for them; leave out "
                          "--nnodes, --node-rank, --rdzv-endpoint and --interface")
     if args.hosts and args.hostfile:

@@ -9,8 +9,8 @@ The launchers' store: `run_id`, `node/next` (arrival order), `node/K/{claim,host
 `attempt/N/{port,joined/K,report/K,failed,decision}`, `end` (the job was stopped or failed outside an
 attempt; every node leaves) and `left/K` (a follower is done: the leader may close the store). A job whose
 machines may change (--nnodes MIN:MAX) adds `attempt/N/members` (the node ranks in attempt N, set by the
-leader), `attempt/current` (the attempt running) and `attempt/N/arrivals` (machines waiting to join
-attempt N, counted); `data/port` is where the first machine serves the job's datasets.
+leader) and `attempt/current` (the attempt running); `data/port` is where the first machine serves the
+job's datasets ("": it serves none).
 
 The workers' store: `shoal/beat/R` and `shoal/silent` (liveness), `shoal/exit/N/R` and
 `shoal/exit/N/recorded` (ways out, under other launchers), `shoal/regroup` (the leader: machines wait to
@@ -41,7 +41,7 @@ def node(rank: int, field: str) -> str:
 
 
 def attempt(number: int, field: str) -> str:
-    """`port`, `failed`, `decision`, `members` or `arrivals` of attempt `number`."""
+    """`port`, `failed`, `decision` or `members` of attempt `number`."""
     return f"attempt/{number}/{field}"
 
 

@@ -267,7 +267,9 @@ class Runner:
                 self.epochs_done = epoch + 1
         every = self.job.checkpoint.every
         due = every and ((epoch + 1) % every == 0 or epoch + 1 == self.job.train.epochs or self.stopped)
-        stopping = self.stop is not None and epoch + 1 < self.job.train.epochs and self.stop.agreed(self.comm)
+        # a job that ends here (train.stop) ends: it does not stop to go on later
+        stopping = (self.stop is not None and epoch + 1 < self.job.train.epochs and not self.stopped
+                    and self.stop.agreed(self.comm))
         if due or stopping:
             self.save_checkpoint(epoch + 1)
         if stopping:

@@ -52,7 +52,7 @@ def test_an_endpoint_with_a_bad_port_is_a_config_error():
 
 
 def test_many_nodes_without_an_endpoint_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"--rdzv-endpoint: HOST:PORT is required when --nnodes > 1"):
+    with pytest.raises(ConfigError, match=r"--rdzv-endpoint: HOST:PORT is required for a job of several machines"):
         Nodes(count=2, rank=0).address()
 
 

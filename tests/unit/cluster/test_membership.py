@@ -141,3 +141,45 @@ def test_a_machine_left_out_after_it_was_a_member_says_so(pool, opened):
     leader.begin(1)
     with pytest.raises(WorkerError, match="left out"):
         again.result(WAIT)
+
+
+def test_an_arrival_the_job_cannot_take_is_left_waiting_and_the_others_go_on(pool, opened, capsys):
+    port = free_port()
+
+    def layout(world_size: int) -> None:
+        if world_size > 2:
+            raise ConfigError(f"cluster.groups: 2 groups need an even number of workers, not {world_size}")
+
+    leader = ElasticMeeting(nodes(port, 1, 3), TIMEOUT, 1, rejoin_timeout=0.3, layout=layout)
+    opened.append(leader)
+    follower = pool.submit(meet, port, 1, 3, opened, 0.3)
+    first = pool.submit(leader.begin, 0)
+    follower = follower.result(WAIT)
+    follower.begin(0)
+    first.result(WAIT)
+    assert leader.members == [0, 1]  # a third would not fit
+    arrival = meet(port, 1, 3, opened)
+    pool.submit(arrival.begin, arrival.first_attempt())
+    deadline = time.monotonic() + WAIT
+    while not leader.arrivals(1):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    again = pool.submit(follower.begin, 1)
+    leader.begin(1)
+    again.result(WAIT)
+    assert leader.members == [0, 1] and not leader.arrivals(2)  # let go: no regroup for it again
+    assert "node 2 cannot join: with it, cluster.groups" in capsys.readouterr().err
+
+
+def test_a_full_job_does_not_stop_for_machines_beyond_max(pool, opened):
+    port = free_port()
+    leader = meet(port, 1, 2, opened)
+    follower = pool.submit(meet, port, 1, 2, opened)
+    first = pool.submit(leader.begin, 0)
+    follower.result(WAIT).begin(0)
+    first.result(WAIT)
+    assert leader.members == [0, 1]  # full
+    spare = meet(port, 1, 2, opened)
+    pool.submit(spare.begin, spare.first_attempt())
+    time.sleep(0.5)
+    assert not leader.arrivals(1)

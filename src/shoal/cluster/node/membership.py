@@ -5,8 +5,8 @@ has its own members, chosen by the first machine (the leader, which holds the jo
 leave): the machines of the last attempt that are still there, plus those that arrived meanwhile, up to
 MAX. A machine that is lost gets `cluster.rejoin_timeout` to come back (as a new arrival: a machine that
 starts again is a new node) before the others go on without it, if at least MIN remain. A machine that
-starts while the job runs takes the next node rank, asks to join the next attempt and is counted in
-`attempt/N/arrivals`; the leader then has the workers stop together at their next epoch's end with a
+starts while the job runs takes the next node rank and asks to join the next attempt; while the job
+has room for it the leader then has the workers stop together at their next epoch's end with a
 checkpoint (shoal.cluster.regroup), and attempt N starts with it, resuming from that checkpoint on the
 new world size. Node ranks are never reused; the workers' ranks follow the members in node order, so the
 leader's workers are always ranks 0.. and rank 0's checkpoint files stay where its events are.
@@ -19,21 +19,31 @@ directory), and its agent restarts every worker as soon as a node waits, mid-epo
 from __future__ import annotations
 
 import json
+import sys
 import time
+from collections.abc import Callable
 
 from shoal.cluster import keys
 from shoal.cluster import store as stores
 from shoal.cluster.node.rendezvous import Meeting, Nodes
-from shoal.errors import WorkerError
+from shoal.errors import ConfigError, WorkerError, first_line
 
 POLL_SECONDS = 0.2
+
+
+class LeftJob(WorkerError):
+    """This machine is out of a job that goes on without it (out of restarts, or left out): it leaves
+    quietly, never ending the job for the others."""
 
 
 class ElasticMeeting(Meeting):
     """A Meeting whose members change between attempts; the same interface for the supervisor."""
 
-    def __init__(self, nodes: Nodes, timeout: float, workers: int = 1, rejoin_timeout: float = 60.0):
-        self.minimum, self.rejoin_timeout = nodes.minimum, rejoin_timeout
+    def __init__(self, nodes: Nodes, timeout: float, workers: int = 1, rejoin_timeout: float = 60.0,
+                 layout: Callable[[int], None] | None = None):
+        """`layout`: training's checks of a job of that many workers in all (ConfigError): an arrival that the
+        job could not take (the algorithm's groups, too few rows) is left waiting, the job goes on."""
+        self.minimum, self.rejoin_timeout, self.check = nodes.minimum, rejoin_timeout, layout
         self.dropped: set[int] = set()  # node ranks the leader let go: lost, or out of restarts
         self.previous: dict[int, str] = {}  # the node ranks and hosts of the attempt before
         super().__init__(nodes, timeout, workers)
@@ -65,7 +75,7 @@ class ElasticMeeting(Meeting):
             if self.node_rank in members:
                 break
             if self.members:  # it was in the job: the leader let it go
-                raise WorkerError(f"{self.host} (node {self.node_rank}) was left out of the job's attempt {attempt}")
+                raise LeftJob(f"{self.host} (node {self.node_rank}) was left out of the job's attempt {attempt}")
             attempt += 1  # arrived as the attempt's members were chosen
         self._take(members)
         port = int(self.store.get(keys.attempt(attempt, "port")))
@@ -84,14 +94,13 @@ class ElasticMeeting(Meeting):
         return members
 
     def _follow(self, attempt: int) -> list[int]:
-        if not self.members:  # an arrival: the leader learns it waits
-            self.store.add(keys.attempt(attempt, "arrivals"), 1)
         self.store.set(keys.joined(attempt, self.node_rank), "1")
         key = keys.attempt(attempt, "members")
         # an arrival waits for the running attempt's end (an epoch or more): bounded by the job's end
         wait = self.timeout + self.rejoin_timeout if self.members else float("inf")
         if self._wait([key], time.monotonic() + wait):
-            raise WorkerError(f"{self.hosts_text()} did not start attempt {attempt} within {wait:g} s")
+            raise WorkerError(f"the first machine ({self.endpoint_host}) did not start attempt {attempt} within "
+                              f"{wait:g} s")
         return json.loads(self.store.get(key))
 
     def _gather(self, attempt: int) -> list[int]:
@@ -108,7 +117,7 @@ class ElasticMeeting(Meeting):
             enough = len(joined) >= wanted or (len(joined) >= self.minimum and waited >= self.rejoin_timeout)
             if present and enough or (waited >= self.timeout and len(joined) >= self.minimum):
                 kept = [rank for rank in joined if rank in before]
-                return sorted(kept + arrivals[:self.count - len(kept)])
+                return self._admit(kept, arrivals[:self.count - len(kept)])
             if waited >= max(self.timeout, self.rejoin_timeout):
                 raise WorkerError(f"{len(joined)} of at least {self.minimum} machines joined "
                                   f"{self.endpoint_host}:{self.port} within {waited:.0f} s (--nnodes "
@@ -116,11 +125,27 @@ class ElasticMeeting(Meeting):
             time.sleep(POLL_SECONDS)
             self._raise_if_ended()
 
-    def _joined(self, attempt: int) -> list[int]:
-        """The node ranks that joined `attempt` so far, leaving out those let go."""
-        last = int(self.store.add(keys.NEXT_NODE, 0))
+    def _admit(self, kept: list[int], taken: list[int]) -> list[int]:
+        """The members: those kept and the arrivals taken, less the arrivals the job's checks refuse (from the
+        last), which are let go with a line saying why."""
+        while taken and self.check is not None:
+            names = [keys.node(rank, "workers") for rank in kept + taken]
+            try:
+                self.check(sum(int(count) for count in self.store.multi_get(names)))
+                break
+            except ConfigError as error:
+                refused = taken.pop()
+                self.dropped.add(refused)
+                print(f"shoal: node {refused} cannot join: with it, {first_line(error)}", file=sys.stderr, flush=True)
+        return sorted(kept + taken)
+
+    def _joined(self, attempt: int, store: stores.Sealed | None = None) -> list[int]:
+        """The node ranks that joined `attempt` so far (asked on `store`, default this meeting's), leaving out
+        those let go."""
+        store = store or self.store
+        last = int(store.add(keys.NEXT_NODE, 0))
         names = [keys.joined(attempt, rank) for rank in range(last + 1) if rank not in self.dropped]
-        return [keys.node_of(name) for name in names if self.store.check([name])]
+        return [keys.node_of(name) for name in names if store.check([name])]
 
     def _take(self, members: list[int]) -> None:
         """The attempt's members, hosts and worker counts, in node order."""
@@ -129,9 +154,12 @@ class ElasticMeeting(Meeting):
         values = [value.decode() for value in self.store.multi_get(names)]
         self.members, self.hosts, self.counts = members, values[0::2], [int(count) for count in values[1::2]]
 
-    def arrivals(self, attempt: int) -> bool:
-        """Whether machines wait to join attempt `attempt` (the leader asks while the one before runs)."""
-        return self.store.check([keys.attempt(attempt, "arrivals")])
+    def arrivals(self, attempt: int, store: stores.Sealed | None = None) -> bool:
+        """Whether machines wait to join attempt `attempt` (the leader asks while the one before runs, on a
+        connection of its watch's, `store`), the job having room for them."""
+        if len(self.members) >= self.count:
+            return False
+        return any(rank not in self.members for rank in self._joined(attempt, store))
 
     def waiting(self) -> list[int]:
         """Arrivals waiting for the next attempt: the leader stays until they have read the job's end."""
@@ -148,9 +176,6 @@ class ElasticMeeting(Meeting):
         left = [host for rank, host in self.previous.items() if rank not in self.members]
         joined = [host for rank, host in zip(self.members, self.hosts) if rank not in self.previous]
         return left, joined
-
-    def hosts_text(self) -> str:
-        return ", ".join(self.hosts) or self.endpoint_host
 
     def _raise_if_ended(self) -> None:
         ended = self.ended()

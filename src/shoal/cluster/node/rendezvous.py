@@ -72,7 +72,8 @@ class Nodes:
         """The rendezvous endpoint as (host, port); a single machine uses 127.0.0.1 and a free port."""
         if self.endpoint is None:
             if self.count > 1:
-                raise ConfigError("--rdzv-endpoint: HOST:PORT is required when --nnodes > 1")
+                raise ConfigError("--rdzv-endpoint: HOST:PORT is required for a job of several machines "
+                                  "(--nnodes, or the job's cluster.nodes, above 1)")
             return "127.0.0.1", 0
         host, _, port = self.endpoint.rpartition(":")
         if not host or host.endswith(":") or (self.endpoint.endswith("]") and self.endpoint.startswith("[")):
@@ -283,11 +284,14 @@ class Meeting:
     def decide(self, attempt: int, decision: Decision) -> None:
         self.store.set(keys.attempt(attempt, "decision"), json.dumps(asdict(decision)))
 
-    def decision(self, attempt: int) -> Decision:
-        """The leader's decision on a failed attempt (a follower waits for it)."""
+    def decision(self, attempt: int, seconds: float | None = None) -> Decision:
+        """The leader's decision on a failed attempt (a follower waits for it); `seconds`: on one that ended
+        well, which the leader decides once its workers are done."""
         key = keys.attempt(attempt, "decision")
-        if self._wait([key], time.monotonic() + 2 * REPORT_SECONDS + stores.REQUEST_SECONDS):
-            raise WorkerError(f"{self.hosts[0]} (node 0) decided nothing after the failure")
+        wait = 2 * REPORT_SECONDS + stores.REQUEST_SECONDS if seconds is None else seconds
+        if self._wait([key], time.monotonic() + wait):
+            raise WorkerError(f"{self.hosts[0]} (node 0) decided nothing within {wait:g} s after attempt {attempt} "
+                              "ended")
         return Decision(**json.loads(self.store.get(key)))
 
     # ------------------------------------------------------------------ the whole job's end

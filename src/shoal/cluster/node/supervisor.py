@@ -22,7 +22,7 @@ from shoal.cluster import heartbeat, keys, verdict
 from shoal.cluster.node.agent import node_of_rank
 from shoal.cluster.node.forkserver import ForkServer
 from shoal.cluster.node.launch import launch, restart_line, workers_environment
-from shoal.cluster.node.membership import ElasticMeeting
+from shoal.cluster.node.membership import ElasticMeeting, LeftJob
 from shoal.cluster.node.rendezvous import AttemptRendezvous, Decision, Meeting, Nodes, Report, failure_fields
 from shoal.cluster.node.watch import AttemptWatch
 from shoal.cluster.regroup import ELASTIC_VARIABLE
@@ -73,7 +73,7 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
     with interruptible():
         try:
             if plan.elastic:
-                meeting = ElasticMeeting(nodes, plan.timeout, plan.workers, plan.rejoin_timeout)
+                meeting = ElasticMeeting(nodes, plan.timeout, plan.workers, plan.rejoin_timeout, plan.check_layout)
             else:
                 meeting = Meeting(nodes, plan.timeout, plan.workers)
             data_server = serve_data(plan, meeting) if nodes.count > 1 else None
@@ -85,6 +85,8 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
                 meeting.end(f"stopped by {interrupt.signal.name} on {meeting.host}")
             if records_events(meeting, nodes):
                 append_event(plan.run_dir, JobEnd(status="interrupted", message=str(interrupt)))
+            raise
+        except LeftJob:  # the job goes on without this machine: it only leaves
             raise
         except Exception as error:  # whatever it was, the other machines must not wait for this one
             if isinstance(error, (dist.DistError, StoreUnreachable)):
@@ -107,19 +109,22 @@ def serve_data(plan: Plan, meeting: Meeting):
     without them learns where (and so do its workers, from this process's environment). Returns the server."""
     if meeting.leader:
         held = {path: path for path in plan.datasets if "://" not in path and os.path.isdir(path)}
-        if not held:
-            return None
-        from shoal.data.flight import DataServer  # gRPC, loaded only where a job spans machines
+        server = None
+        if held:
+            from shoal.data.flight import DataServer  # gRPC, loaded only where a job spans machines
 
-        server = DataServer(held, meeting.secret, host=meeting.bind or meeting.endpoint_host)
-        meeting.store.set(keys.DATA_PORT, str(server.port))
+            server = DataServer(held, meeting.secret, host=meeting.bind or meeting.endpoint_host)
+        meeting.store.set(keys.DATA_PORT, str(server.port) if server else "")  # "": it serves none
         return server
     if plan.streamed:
-        if meeting.wait_for(keys.DATA_PORT):
-            raise ConfigError(f"{plan.datasets[0]}: not on this machine ({meeting.host}), and the first machine "
-                              f"({meeting.endpoint_host}) serves no dataset: it lacks it too")
-        port = int(meeting.store.get(keys.DATA_PORT))
-        os.environ.update({SERVER_VARIABLE: f"{meeting.endpoint_host}:{port}", DATA_SECRET: meeting.secret})
+        port = "" if meeting.wait_for(keys.DATA_PORT, plan.timeout) else meeting.store.get(keys.DATA_PORT).decode()
+        missing = next(path for path in plan.datasets if "://" not in path and not os.path.lexists(path))
+        if not port:
+            raise ConfigError(f"{missing}: not on this machine ({meeting.host}), and the first machine "
+                              f"({meeting.endpoint_host}) does not hold it either")
+        host = f"[{meeting.endpoint_host}]" if ":" in meeting.endpoint_host else meeting.endpoint_host
+        # the launcher's own checks and its workers read the datasets from there (the launcher is the job's)
+        os.environ.update({SERVER_VARIABLE: f"{host}:{port}", DATA_SECRET: meeting.secret})
     return None
 
 
@@ -162,10 +167,13 @@ class Supervisor:
         while True:
             try:
                 address, port = self.meeting.begin(attempt)
+            except LeftJob:  # the others go on without this machine
+                raise
             except WorkerError as error:  # a node did not come (back)
                 self.fail_job(str(error))
                 raise
             attempt = self.meeting.attempt  # a machine that arrived late joins a later one
+            resume = resume or attempt > 0  # ... and goes on from the job's checkpoint
             self.begun(attempt)
             failure = self.run_attempt(attempt, AttemptRendezvous(self.meeting, attempt, address, port), resume)
             if failure is None:
@@ -179,7 +187,7 @@ class Supervisor:
             if decision.completed:
                 return
             if decision.dropped and self.meeting.node_rank in decision.dropped:
-                raise WorkerError(f"{self.meeting.host} leaves the job: {decision.message}")
+                raise LeftJob(f"{self.meeting.host} leaves the job, which goes on without it: {decision.message}")
             if not decision.restart:
                 error = WorkerError(decision.message)
                 error.exit_code = EXIT_USAGE if decision.usage else 1
@@ -214,15 +222,20 @@ class Supervisor:
         if not self.plan.elastic:
             return None
         meeting = self.meeting
-        if not meeting.leader:
-            return meeting.decision(attempt)
-        regroup = meeting.worker_store is not None and meeting.worker_store.check([keys.REGROUPED])
-        decision = Decision(restart=regroup, regroup=regroup, completed=not regroup,
-                            message="machines join" if regroup else "")
-        if not regroup:  # a machine still waiting to join learns the job is over
-            meeting.end("the job completed before this machine could join")
+        if not meeting.leader:  # rank 0 may take a while to save the model and close its loggers
+            return meeting.decision(attempt, seconds=self.plan.timeout)
+        decision = self.regrouped() or Decision(restart=False, completed=True)
         meeting.decide(attempt, decision)
+        if decision.completed:  # a machine still waiting to join learns the job is over
+            meeting.end("the job completed before this machine could join")
         return decision
+
+    def regrouped(self) -> Decision | None:
+        """In a job of changing machines, the workers' stop for machines waiting to join (rank 0 said so)."""
+        store = self.meeting.worker_store
+        if not self.plan.elastic or store is None or not store.check([keys.REGROUPED]):
+            return None
+        return Decision(restart=True, regroup=True, message="machines join")
 
     def run_attempt(self, attempt: int, rendezvous: AttemptRendezvous, resume: bool) -> WorkerError | None:
         """Run this node's workers once; report the outcome to the leader. Returns the failure, if any."""
@@ -271,7 +284,9 @@ class Supervisor:
         cause, text = root_cause(reports, positions, silent, meeting.hosts, workers=meeting.counts)
         append_event(run_dir, cause)
         usage = any(report.usage for report in reports if not report.consequence)
-        if any(report.succeeded for report in reports):  # workers pass their last barrier after the model is saved
+        if (regrouped := self.regrouped()) is not None:  # stopped for machines joining: a worker failed after
+            decision = regrouped
+        elif any(report.succeeded for report in reports):  # workers pass their last barrier after the model is saved
             decision = Decision(restart=False, completed=True)
         elif not usage and (regrouped := self.regroup(cause, missing, text)) is not None:
             decision = regrouped
@@ -294,6 +309,8 @@ class Supervisor:
         if not self.plan.elastic:
             return None
         meeting, run_dir = self.meeting, self.plan.run_dir
+        if cause.host not in meeting.hosts and not missing:
+            return None  # no machine to blame (or to tell apart): restarts are counted as a fixed job's
         out = self.out_of_job(cause, missing)
         if meeting.node_rank in out:
             append_event(run_dir, JobEnd(status="failed", message=text))
@@ -304,7 +321,7 @@ class Supervisor:
             append_event(run_dir, restart)
             print(restart_line(text, restart, self.plan.max_restarts), file=sys.stderr, flush=True)
             return Decision(restart=True, message=text)
-        meeting.drop(out)  # fewer than MIN left: the next attempt waits cluster.rejoin_timeout for more
+        meeting.drop(out)  # the next attempt waits cluster.rejoin_timeout for them, or others, to come
         print(f"shoal: {text}; going on without {', '.join(meeting.host_of(node) for node in out)}",
               file=sys.stderr, flush=True)
         return Decision(restart=True, regroup=True, message=text, dropped=out)

@@ -34,8 +34,7 @@ class AttemptWatch:
         self.meeting, self.interval = meeting, interval
         self.keys = [keys.attempt(attempt, "failed"), keys.END]
         # the leader of a job of changing machines: machines asking to join the next attempt
-        elastic = isinstance(meeting, ElasticMeeting) and meeting.leader
-        self.arrivals = keys.attempt(attempt + 1, "arrivals") if elastic else None
+        self.next = attempt + 1 if isinstance(meeting, ElasticMeeting) and meeting.leader else None
         self.stopped = False  # it stopped the workers: their failure is a consequence
         self.lost: str | None = None  # why the job's store could no longer be reached
         self._done = threading.Event()
@@ -66,9 +65,9 @@ class AttemptWatch:
 
     def _tell_arrivals(self, store: dist.Store) -> None:
         """Machines wait to join: the workers stop together at their next epoch's end (shoal.cluster.regroup)."""
-        if self.arrivals is not None and store.check([self.arrivals]):
+        if self.next is not None and self.meeting.arrivals(self.next, store):
             self.meeting.worker_store.set(keys.REGROUP, "1")
-            self.arrivals = None
+            self.next = None
 
     def __exit__(self, *exception) -> None:
         self._done.set()
