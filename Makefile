@@ -48,16 +48,19 @@ system-packages:
 
 # A quick check while editing (under 2 minutes on 2 cores): ruff, and the unit tests, which start no processes
 # (tests/conftest.py fails one that does: it belongs in tests/processes, tests/distributed or tests/e2e).
+# The unit tests run on two processes (pytest-xdist): they start none of their own, and much of their time is
+# waiting (stores, timeouts), not computing.
 check: install
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q tests/unit --durations=30
+	$(BIN)/python -m pytest -q -n 2 tests/unit --durations=30
 
 # Bytecode written once, up front: where PYTHONDONTWRITEBYTECODE is set (as in many containers) every process a
 # test starts would otherwise compile shoal's modules again (some 0.15 s of a core each).
+# The tests that start processes run one at a time: several at once would share the cores their timings assume.
 test: install system-packages
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m compileall -q src tests benchmarks
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 tests/unit; unit=$$?; $(BIN)/python -m pytest --ignore=tests/unit && exit $$unit
 
 bench: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.overhead

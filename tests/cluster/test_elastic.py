@@ -20,14 +20,16 @@ from pathlib import Path
 
 import pytest
 
+from shoal.cluster import scratch
 from shoal.events import read_events
 from tests.cluster.hosts import EmulatedCluster, missing_requirements
 from tests.cluster.jobs import PORT, wait_for_nodes
 from tests.e2e.jobs import FEATURES, write_task
 
-ROWS = 24_000
-EPOCHS = 5
-JOIN_EPOCHS = 20  # host1 takes seconds to start: epochs enough are left to join
+ROWS = 24_000  # a second's epoch on one worker: host1 takes seconds to start, epochs enough are left to join
+LOST_ROWS = 6_000
+EPOCHS = 4
+JOIN_EPOCHS = 20
 JOB_SECONDS = 120
 SECRET = "elastic-test-secret"
 
@@ -42,10 +44,10 @@ def three_hosts():
 
 
 def write_job(folder: Path, name: str, algorithm: str = "sync", data: Path | None = None,
-              seen: Path | None = None, epochs: int = EPOCHS) -> Path:
+              seen: Path | None = None, epochs: int = EPOCHS, rows: int = ROWS) -> Path:
     """The job file in `folder`; its data written into `data` (default: `folder`) and named as the hosts see
     it, `seen` (default: where it was written)."""
-    write_task((data or folder) / "task", rows=ROWS, test_rows=2000)
+    write_task((data or folder) / "task", rows=rows, test_rows=2000)
     train, test = ((seen or data or folder) / "task" / name for name in ("train", "test"))
     path = folder / f"{name}.toml"
     path.write_text(f"""
@@ -77,8 +79,9 @@ def start_node(cluster, host: int, job: Path, nodes: str, run_dir: str, env: dic
 
 
 def wait_for_epoch(run_dir: Path, epoch: int, seconds: float = 60) -> None:
+    """Until the checkpoint of `epoch` (or a later one) is written."""
     deadline = time.monotonic() + seconds
-    while not any(event["event"] == "epoch_end" and event["epoch"] >= epoch for event in read_events(run_dir)):
+    while not any(event["event"] == "checkpoint" and event["epoch"] >= epoch for event in read_events(run_dir)):
         assert time.monotonic() < deadline, f"epoch {epoch} did not end within {seconds} s"
         time.sleep(0.1)
 
@@ -110,21 +113,21 @@ def assert_nothing_left(cluster, hosts: range, seconds: float = 10) -> None:
         time.sleep(0.1)
     for host in hosts:
         left = [path.name for path in cluster.private(host).iterdir()
-                if path.name.startswith(("torchelastic", "shoal"))]
+                if path.name.startswith(("torchelastic_", *(f"{prefix}." for prefix in scratch.PREFIXES)))]
         assert not left, (host, left)
 
 
 @pytest.mark.timeout(3 * JOB_SECONDS)
 def test_a_lost_host_leaves_the_others_to_complete_the_job(three_hosts, project_env):
     cluster = three_hosts
-    job = write_job(cluster.shared, "lose")
+    job = write_job(cluster.shared, "lose", rows=LOST_ROWS)
     run_dir = "/tmp/run-lose"  # each host's own
     logs = [cluster.shared / f"lose-host{host}.log" for host in range(3)]
     launchers = [start_node(cluster, host, job, "2:3", run_dir, project_env, logs[host]) for host in range(3)]
     events = cluster.private(0) / "run-lose"
     try:
         wait_for_epoch(events, 1)
-        kill_host(cluster, 2)  # in epoch 2: every process of host2, its launcher too
+        kill_host(cluster, 2)  # in epoch 2, epoch 1's checkpoint written: every process of host2, its launcher too
         wait_for_nodes(launchers[:2], logs[:2], JOB_SECONDS)
         assert_nothing_left(cluster, range(2))
     finally:
@@ -134,7 +137,7 @@ def test_a_lost_host_leaves_the_others_to_complete_the_job(three_hosts, project_
     assert [sorted(change["hosts"]) for change in changes] == [["host0", "host1", "host2"], ["host0", "host1"]]
     lost = changes[1]
     assert lost["left"] == ["host2"] and "lost" in lost["reason"] and lost["world_size"] == 2
-    assert lost["from_epoch"] >= 1 and sum(lost["shares"]) == ROWS and len(lost["shares"]) == 2
+    assert lost["from_epoch"] >= 1 and sum(lost["shares"]) == LOST_ROWS and len(lost["shares"]) == 2
     ended = [event for event in read_events(events) if event["event"] == "epoch_end"]
     assert {event["epoch"] for event in ended} == set(range(1, EPOCHS + 1))
     assert [len(event["workers"]) for event in ended][-1] == 2

@@ -47,6 +47,7 @@ from shoal.errors import ConfigError, WorkerError, first_line
 from shoal.events import WorkerFailed
 
 REPORT_SECONDS = 8.0  # how long the leader waits for every node's account of a failure
+SILENT_SECONDS = 2.0  # a node whose launcher has not beaten for this long is gone: its account will not come
 
 
 @dataclass
@@ -272,9 +273,18 @@ class Meeting:
             self.store.compare_set(keys.attempt(attempt, "failed"), "", str(self.node_rank))
 
     def reports(self, attempt: int, seconds: float = REPORT_SECONDS) -> tuple[list[Report], list[int]]:
-        """(the reports of attempt `attempt`, the nodes that sent none within `seconds`)."""
+        """(the reports of attempt `attempt`, the nodes that sent none within `seconds`, or sooner once every
+        node still silent has also stopped beating for SILENT_SECONDS: its launcher is gone)."""
         names = [keys.report(attempt, rank) for rank in self.members]
-        missing = self._wait(names, time.monotonic() + seconds, watch_end=False)
+        deadline, beats = time.monotonic() + seconds, {}
+        while True:
+            missing = self._wait(names, min(deadline, time.monotonic() + SILENT_SECONDS), watch_end=False)
+            if not missing or time.monotonic() >= deadline:
+                break
+            now = {key: int(self.store.add(keys.node(keys.node_of(key), "alive"), 0)) for key in missing}
+            if beats and all(now[key] == beats.get(key) for key in missing):
+                break
+            beats = now
         sent = [key for key in names if key not in missing]
         reports = [Report(**json.loads(value)) for value in self.store.multi_get(sent)] if sent else []
         absent = [keys.node_of(key) for key in missing]

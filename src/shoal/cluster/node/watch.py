@@ -33,6 +33,7 @@ class AttemptWatch:
     def __init__(self, meeting: Meeting, attempt: int, interval: float = WATCH_SECONDS):
         self.meeting, self.interval = meeting, interval
         self.keys = [keys.attempt(attempt, "failed"), keys.END]
+        self.alive = keys.node(meeting.node_rank, "alive")
         # the leader of a job of changing machines: machines asking to join the next attempt
         self.next = attempt + 1 if isinstance(meeting, ElasticMeeting) and meeting.leader else None
         self.stopped = False  # it stopped the workers: their failure is a consequence
@@ -49,6 +50,7 @@ class AttemptWatch:
     def _run(self, store: dist.Store) -> None:
         while not self._done.wait(self.interval):
             try:
+                store.add(self.alive, 1)  # this launcher is there: the leader need not wait long for a gone one
                 self._tell_arrivals(store)
                 if not any(store.check([key]) for key in self.keys):
                     continue
