@@ -59,7 +59,7 @@ check: install
 # The tests that start processes run one at a time: several at once would share the cores their timings assume.
 test: install system-packages
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m compileall -q src tests benchmarks
+	$(BIN)/python -m compileall -q -j 0 src tests benchmarks
 	$(BIN)/python -m pytest -n 2 tests/unit; unit=$$?; $(BIN)/python -m pytest --ignore=tests/unit && exit $$unit
 
 bench: $(PEERS_STAMP)

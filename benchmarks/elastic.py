@@ -30,7 +30,7 @@ from pathlib import Path
 from tests.cluster.hosts import EmulatedCluster, missing_requirements
 
 from benchmarks.common import ROOT, machine, machine_line, write_result
-from shoal.cluster.node.rendezvous import REPORT_SECONDS
+from shoal.cluster.node.rendezvous import REPORT_SECONDS, SILENT_SECONDS
 from shoal.data.synthetic import synth_digits
 from shoal.events import Checkpoint, EpochEnd, History, JobResumed, Membership, read_history
 
@@ -198,8 +198,9 @@ epoch 2 and started again after epoch 3. `{command}` ({seconds / 60:.1f} minutes
 | lost in epoch 2, back after epoch 3 | {moved['accuracy']:.4f} | {moved['job_seconds']:.1f} |
 
 Seconds from the kill to training again on 2 machines: **{moved['recovery_seconds']:.1f}** (the peers'
-failure, {REPORT_SECONDS:g} s for every node's report, {args.rejoin_timeout:g} s of cluster.rejoin_timeout for host2 to
-come back, the new attempt's start and the resharded resume). Seconds from the checkpoint at which
+failure, the wait for every node's account of it, at most {REPORT_SECONDS:g} s and {SILENT_SECONDS:g} s more once a
+node's launcher stops beating, {args.rejoin_timeout:g} s of cluster.rejoin_timeout for host2 to come back, the new
+attempt's start and the resharded resume). Seconds from the checkpoint at which
 host2 joined to training again on 3: {moved['join_pause_seconds']}. Host2's launcher starts on the core
 host1 trains on, so host1's epochs slow while it starts (epoch 4 here); on machines of their own
 they would not.

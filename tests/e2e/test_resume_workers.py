@@ -26,7 +26,7 @@ TIMEOUT = 60
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
-    return write_task(tmp_path_factory.mktemp("task"), rows=3000, test_rows=200)
+    return write_task(tmp_path_factory.mktemp("task"), rows=2000, test_rows=200)
 
 
 def write_job(path: Path, task, algorithm: str, options: str) -> Path:
@@ -80,22 +80,22 @@ def test_a_run_of_2_workers_resumes_on_another_count(task, algorithm, options, w
     if algorithm == "averaging":
         again = shutil.copytree(run_dir, tmp_path / "again")
 
-    resumed = shoal("train", "--resume", run_dir, "--workers", workers, "--set", "train.epochs=4", env=project_env)
+    resumed = shoal("train", "--resume", run_dir, "--workers", workers, "--set", "train.epochs=3", env=project_env)
     assert resumed.returncode == 0, resumed.stderr
     assert events(run_dir, "job_end")[-1]["status"] == "completed"
     record = events(run_dir, "job_resumed")
     assert [(event["from_epoch"], event["resharded_from"], event["world_size"]) for event in record] == \
         [(2, 2, workers)]
     losses = {event["epoch"]: event["train_loss"] for event in events(run_dir, "epoch_end")}
-    assert sorted(losses) == [1, 2, 3, 4]
+    assert sorted(losses) == [1, 2, 3]
     # the first resumed epoch goes on from epoch 2's weights: nearer its loss than a fresh start's
     assert losses[3] < losses[2] + (losses[1] - losses[2]) / 2, losses
     before = 1 if algorithm == "downpour" else 2  # downpour's rank 0 serves
-    assert [len(event["workers"]) for event in events(run_dir, "epoch_end")] == [before] * 2 + [trainers] * 2
+    assert [len(event["workers"]) for event in events(run_dir, "epoch_end")] == [before] * 2 + [trainers]
     assert "completed" in render(summarize(run_dir))
 
     if algorithm == "averaging":  # the same reshard again: the same weights
-        twice = shoal("train", "--resume", again, "--workers", workers, "--set", "train.epochs=4", env=project_env)
+        twice = shoal("train", "--resume", again, "--workers", workers, "--set", "train.epochs=3", env=project_env)
         assert twice.returncode == 0, twice.stderr
         first, second = weights(run_dir), weights(again)
         assert all(torch.equal(first[name], second[name]) for name in first), "two reshards differ"
