@@ -55,6 +55,17 @@ def meet(port: int, minimum: int, maximum: int, opened: list, rejoin: float = 0.
     return meeting
 
 
+def follow_into_first_attempt(pool, leader: ElasticMeeting, port: int, maximum: int, opened: list,
+                              rejoin: float = 0.5) -> ElasticMeeting:
+    """A second machine meets the leader and both begin attempt 0; returns the follower."""
+    follower = pool.submit(meet, port, 1, maximum, opened, rejoin)
+    first = pool.submit(leader.begin, 0)
+    follower = follower.result(WAIT)
+    follower.begin(0)
+    first.result(WAIT)
+    return follower
+
+
 def test_node_ranges_parse_as_torchrun_writes_them():
     assert node_range("2:3", "--nnodes") == (2, 3)
     assert node_range(4, "cluster.nodes") == (4, 4)
@@ -107,11 +118,7 @@ def test_an_arrival_is_counted_and_joins_the_next_attempt(pool, opened):
 def test_a_lost_machine_is_waited_for_then_left_out(pool, opened):
     port = free_port()
     leader = meet(port, 1, 2, opened, rejoin=0.5)
-    follower = pool.submit(meet, port, 1, 2, opened, 0.5)
-    first = pool.submit(leader.begin, 0)
-    follower = follower.result(WAIT)
-    follower.begin(0)
-    first.result(WAIT)
+    follow_into_first_attempt(pool, leader, port, 2, opened, 0.5)
     assert leader.members == [0, 1]
     leader.drop([1])  # it sent no report: gone
     began = time.monotonic()
@@ -131,11 +138,7 @@ def test_fewer_than_min_after_the_wait_fails_naming_the_option(pool, opened):
 def test_a_machine_left_out_after_it_was_a_member_says_so(pool, opened):
     port = free_port()
     leader = meet(port, 1, 2, opened, rejoin=0.3)
-    follower = pool.submit(meet, port, 1, 2, opened, 0.3)
-    first = pool.submit(leader.begin, 0)
-    follower = follower.result(WAIT)
-    follower.begin(0)
-    first.result(WAIT)
+    follower = follow_into_first_attempt(pool, leader, port, 2, opened, 0.3)
     leader.drop([1])  # out of restarts
     again = pool.submit(follower.begin, 1)
     leader.begin(1)
@@ -152,11 +155,7 @@ def test_an_arrival_the_job_cannot_take_is_left_waiting_and_the_others_go_on(poo
 
     leader = ElasticMeeting(nodes(port, 1, 3), TIMEOUT, 1, rejoin_timeout=0.3, layout=layout)
     opened.append(leader)
-    follower = pool.submit(meet, port, 1, 3, opened, 0.3)
-    first = pool.submit(leader.begin, 0)
-    follower = follower.result(WAIT)
-    follower.begin(0)
-    first.result(WAIT)
+    follower = follow_into_first_attempt(pool, leader, port, 3, opened, 0.3)
     assert leader.members == [0, 1]  # a third would not fit
     arrival = meet(port, 1, 3, opened)
     pool.submit(arrival.begin, arrival.first_attempt())
@@ -174,10 +173,7 @@ def test_an_arrival_the_job_cannot_take_is_left_waiting_and_the_others_go_on(poo
 def test_a_full_job_does_not_stop_for_machines_beyond_max(pool, opened):
     port = free_port()
     leader = meet(port, 1, 2, opened)
-    follower = pool.submit(meet, port, 1, 2, opened)
-    first = pool.submit(leader.begin, 0)
-    follower.result(WAIT).begin(0)
-    first.result(WAIT)
+    follow_into_first_attempt(pool, leader, port, 2, opened)
     assert leader.members == [0, 1]  # full
     spare = meet(port, 1, 2, opened)
     pool.submit(spare.begin, spare.first_attempt())
