@@ -20,6 +20,7 @@ class Members:
 
     def __init__(self, hosts: list[str]):
         self.members, self.hosts, self.node_rank = list(range(len(hosts))), hosts, 0
+        self.counts = [1] * len(hosts)
         self.dropped: list[int] = []
 
     def host_of(self, node: int) -> str:
@@ -37,7 +38,8 @@ def leader(tmp_path: Path, max_restarts: int = 0) -> Supervisor:
 
 
 def failed_on(host: str) -> WorkerFailed:
-    return WorkerFailed(rank=1, host=host, message="ValueError: bad batch")
+    """A worker's own error on `host` (one worker a machine: its rank is the host's number)."""
+    return WorkerFailed(rank=int(host[-1]), host=host, message="ValueError: bad batch")
 
 
 def test_a_machine_that_sent_no_account_is_left_out_at_once(tmp_path):
@@ -76,3 +78,13 @@ def test_a_fixed_job_never_regroups(tmp_path):
     supervisor = leader(tmp_path)
     supervisor.plan.elastic = False
     assert supervisor.regroup(WorkerFailed(host="host2", message="gone"), [2], "lost") is None
+
+
+def test_machines_of_one_name_are_told_apart_by_rank(tmp_path):
+    supervisor = leader(tmp_path, max_restarts=0)
+    supervisor.meeting.hosts = ["box", "box", "box"]  # two launchers on one machine, as in tests
+    lost = supervisor.regroup(WorkerFailed(host="box", message="its launcher stopped answering"), [1], "lost")
+    assert lost.regroup and lost.dropped == [1]  # not the first machine, though it has the same name
+    assert supervisor.regroup(WorkerFailed(host="box", message="?"), [], "?") is None  # no rank: nobody to blame
+    spent = supervisor.regroup(WorkerFailed(rank=2, host="box", message="ValueError"), [], "rank 2 failed")
+    assert spent.dropped == [2]

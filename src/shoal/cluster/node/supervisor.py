@@ -81,6 +81,10 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
                 check_layout(plan, meeting)
             Supervisor(plan, meeting).run()
         except Interrupted as interrupt:
+            if plan.elastic and meeting is not None and not meeting.leader:  # one machine taken out
+                print(f"shoal: {meeting.host} leaves the job ({interrupt.signal.name}); it goes on without this "
+                      "machine", file=sys.stderr, flush=True)
+                raise
             if meeting is not None:
                 meeting.end(f"stopped by {interrupt.signal.name} on {meeting.host}")
             if records_events(meeting, nodes):
@@ -309,7 +313,7 @@ class Supervisor:
         if not self.plan.elastic:
             return None
         meeting, run_dir = self.meeting, self.plan.run_dir
-        if cause.host not in meeting.hosts and not missing:
+        if self.blamed(cause, missing) is None and not missing:
             return None  # no machine to blame (or to tell apart): restarts are counted as a fixed job's
         out = self.out_of_job(cause, missing)
         if meeting.node_rank in out:
@@ -330,7 +334,7 @@ class Supervisor:
         """The nodes a failure takes out: those that sent no report, and the one blamed once it has failed more
         than --max-restarts times; why, by host, for the next membership event."""
         meeting = self.meeting
-        blamed = meeting.members[meeting.hosts.index(cause.host)] if cause.host in meeting.hosts else None
+        blamed = self.blamed(cause, missing)
         if blamed is not None and blamed not in missing:
             self.failures[blamed] = self.failures.get(blamed, 0) + 1
         spent = [node for node in meeting.members if node not in missing and
@@ -341,6 +345,16 @@ class Supervisor:
             self.reasons[meeting.host_of(node)] = \
                 f"failed {self.failures[node]} times (--max-restarts {self.plan.max_restarts})"
         return sorted({*missing, *spent})
+
+    def blamed(self, cause: WorkerFailed, missing: list[int]) -> int | None:
+        """The node whose failure `cause` is: its worker's rank's node, else its host's when that name is one
+        machine's only; None for a node that sent no account (left out as lost) or none to tell."""
+        meeting = self.meeting
+        if cause.rank is not None and cause.rank < sum(meeting.counts):
+            return meeting.members[node_of_rank(meeting.counts, cause.rank)]
+        if missing or meeting.hosts.count(cause.host) != 1:
+            return None
+        return meeting.members[meeting.hosts.index(cause.host)]
 
     def fail_job(self, message: str) -> None:
         if self.meeting.leader:
