@@ -67,7 +67,12 @@ def train_here(args: argparse.Namespace, server=None) -> int:
     try:
         start(job, run_dir, nodes, resume=args.resume is not None, max_restarts=args.max_restarts, server=server)
     except Interrupted as interrupt:
-        print(f"shoal: {interrupt}; continue with: shoal train --resume {run_dir}{trust_flag(job)}", file=sys.stderr)
+        if getattr(interrupt, "job_goes_on", False):  # one machine of a job of changing machines left it
+            print(f"shoal: {interrupt}; the job goes on without this machine: the same command again joins it",
+                  file=sys.stderr)
+        else:
+            print(f"shoal: {interrupt}; continue with: shoal train --resume {run_dir}{trust_flag(job)}",
+                  file=sys.stderr)
         return interrupt.exit_code
     if (run_dir / "model.pt").exists():  # this node ran the coordinator
         metrics = final_metrics(run_dir)

@@ -5,8 +5,8 @@ torchrun's attempt count) share one store per job; spelling each name once keeps
 and shows the whole key space at a glance. All are sealed by the job's secret (shoal.cluster.store.
 Sealed) except `PUBLIC`.
 
-The launchers' store: `run_id`, `node/next` (arrival order), `node/K/{claim,host,workers,alive}` (alive:
-counted up by the launcher's watch while its workers run),
+The launchers' store: `run_id`, `node/next` (arrival order), `node/K/{claim,host,workers,alive,refused}` (alive:
+counted up by the launcher's watch while its workers run; refused: why an arrival cannot join),
 `attempt/N/{port,joined/K,report/K,failed,decision}`, `end` (the job was stopped or failed outside an
 attempt; every node leaves) and `left/K` (a follower is done: the leader may close the store). A job whose
 machines may change (--nnodes MIN:MAX) adds `attempt/N/members` (the node ranks in attempt N, set by the
@@ -37,7 +37,7 @@ PROCESS_GROUP = "process group"
 
 
 def node(rank: int, field: str) -> str:
-    """`claim`, `host`, `workers` or `alive` of node `rank`."""
+    """`claim`, `host`, `workers`, `alive` or `refused` of node `rank`."""
     return f"node/{rank}/{field}"
 
 

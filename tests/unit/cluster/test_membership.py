@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from shoal.cluster import keys
-from shoal.cluster.node.membership import ElasticMeeting
+from shoal.cluster.node.membership import ElasticMeeting, LeftJob
 from shoal.cluster.node.rendezvous import Nodes
 from shoal.config import node_range
 from shoal.errors import ConfigError, WorkerError
@@ -158,7 +158,7 @@ def test_an_arrival_the_job_cannot_take_is_left_waiting_and_the_others_go_on(poo
     follower = follow_into_first_attempt(pool, leader, port, 3, opened, 0.3)
     assert leader.members == [0, 1]  # a third would not fit
     arrival = meet(port, 1, 3, opened)
-    pool.submit(arrival.begin, arrival.first_attempt())
+    joining = pool.submit(arrival.begin, arrival.first_attempt())
     deadline = time.monotonic() + WAIT
     while not leader.arrivals(1):
         assert time.monotonic() < deadline
@@ -168,6 +168,9 @@ def test_an_arrival_the_job_cannot_take_is_left_waiting_and_the_others_go_on(poo
     again.result(WAIT)
     assert leader.members == [0, 1] and not leader.arrivals(2)  # let go: no regroup for it again
     assert "node 2 cannot join: with it, cluster.groups" in capsys.readouterr().err
+    with pytest.raises(LeftJob, match="cannot join the job: with it, cluster.groups") as refused:
+        joining.result(WAIT)  # told, in one line, exit status 2
+    assert refused.value.exit_code == 2
 
 
 def test_a_full_job_does_not_stop_for_machines_beyond_max(pool, opened):

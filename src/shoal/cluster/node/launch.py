@@ -207,5 +207,9 @@ def describe_failure(error: ChildFailedError) -> WorkerError:
 def restart_line(failure: str, restart: JobRestarted, max_restarts: int) -> str:
     """What the launcher says as it restarts the workers: the failure (rank, host, how it ended), and where
     the job goes on from."""
-    start = f"epoch {restart.from_epoch}'s checkpoint" if restart.from_epoch else "the start (no checkpoint yet)"
-    return f"shoal: {failure}; restarting from {start}, restart {restart.restart} of {max_restarts}"
+    return f"shoal: {failure}; restarting from {restart_start(restart)}, restart {restart.restart} of {max_restarts}"
+
+
+def restart_start(restart: JobRestarted) -> str:
+    """Where a restart goes on from, in words."""
+    return f"epoch {restart.from_epoch}'s checkpoint" if restart.from_epoch else "the start (no checkpoint yet)"

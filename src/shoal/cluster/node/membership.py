@@ -26,7 +26,7 @@ from collections.abc import Callable
 from shoal.cluster import keys
 from shoal.cluster import store as stores
 from shoal.cluster.node.rendezvous import Meeting, Nodes
-from shoal.errors import ConfigError, WorkerError, first_line
+from shoal.errors import EXIT_USAGE, ConfigError, WorkerError, first_line
 
 POLL_SECONDS = 0.2
 
@@ -76,6 +76,11 @@ class ElasticMeeting(Meeting):
                 break
             if self.members:  # it was in the job: the leader let it go
                 raise LeftJob(f"{self.host} (node {self.node_rank}) was left out of the job's attempt {attempt}")
+            if self.store.check([keys.node(self.node_rank, "refused")]):
+                refusal = LeftJob(f"{self.host} cannot join the job: "
+                                  f"{self.store.get(keys.node(self.node_rank, 'refused')).decode()}")
+                refusal.exit_code = EXIT_USAGE
+                raise refusal
             attempt += 1  # arrived as the attempt's members were chosen
         self._take(members)
         port = int(self.store.get(keys.attempt(attempt, "port")))
@@ -136,7 +141,9 @@ class ElasticMeeting(Meeting):
             except ConfigError as error:
                 refused = taken.pop()
                 self.dropped.add(refused)
-                print(f"shoal: node {refused} cannot join: with it, {first_line(error)}", file=sys.stderr, flush=True)
+                reason = f"with it, {first_line(error)}"
+                self.store.set(keys.node(refused, "refused"), reason)
+                print(f"shoal: node {refused} cannot join: {reason}", file=sys.stderr, flush=True)
         return sorted(kept + taken)
 
     def _joined(self, attempt: int, store: stores.Sealed | None = None) -> list[int]:
@@ -145,7 +152,8 @@ class ElasticMeeting(Meeting):
         store = store or self.store
         last = int(store.add(keys.NEXT_NODE, 0))
         names = [keys.joined(attempt, rank) for rank in range(last + 1) if rank not in self.dropped]
-        return [keys.node_of(name) for name in names if store.check([name])]
+        joined = [keys.node_of(name) for name in names if store.check([name])]
+        return [rank for rank in joined if not store.check([keys.left(rank)])]  # a machine taken out meanwhile
 
     def _take(self, members: list[int]) -> None:
         """The attempt's members, hosts and worker counts, in node order."""
@@ -153,6 +161,7 @@ class ElasticMeeting(Meeting):
         names = [keys.node(rank, field) for rank in members for field in ("host", "workers")]
         values = [value.decode() for value in self.store.multi_get(names)]
         self.members, self.hosts, self.counts = members, values[0::2], [int(count) for count in values[1::2]]
+        self.gone.difference_update(members)
 
     def arrivals(self, attempt: int, store: stores.Sealed | None = None) -> bool:
         """Whether machines wait to join attempt `attempt` (the leader asks while the one before runs, on a

@@ -263,6 +263,7 @@ class Meeting:
             self.gone.update(gone)
             names = ", ".join(f"{self.host_of(rank)} (node {rank})" for rank in gone) or self.hosts[0]
             raise WorkerError(f"{names} did not come back within {self.timeout:g} s (cluster.timeout)")
+        self.gone.difference_update(self.members)  # every node is back for this attempt
         port = int(self.store.get(keys.attempt(attempt, "port")))
         address = "127.0.0.1" if self.nodes.endpoint is None else self.endpoint_host
         return address, port

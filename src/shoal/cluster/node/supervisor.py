@@ -21,7 +21,7 @@ import torch.distributed as dist
 from shoal.cluster import heartbeat, keys, verdict
 from shoal.cluster.node.agent import node_of_rank
 from shoal.cluster.node.forkserver import ForkServer
-from shoal.cluster.node.launch import launch, restart_line, workers_environment
+from shoal.cluster.node.launch import launch, restart_line, restart_start, workers_environment
 from shoal.cluster.node.membership import ElasticMeeting, LeftJob
 from shoal.cluster.node.rendezvous import AttemptRendezvous, Decision, Meeting, Nodes, Report, failure_fields
 from shoal.cluster.node.watch import AttemptWatch
@@ -84,6 +84,7 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
             if plan.elastic and meeting is not None and not meeting.leader:  # one machine taken out
                 print(f"shoal: {meeting.host} leaves the job ({interrupt.signal.name}); it goes on without this "
                       "machine", file=sys.stderr, flush=True)
+                interrupt.job_goes_on = True
                 raise
             if meeting is not None:
                 meeting.end(f"stopped by {interrupt.signal.name} on {meeting.host}")
@@ -117,7 +118,11 @@ def serve_data(plan: Plan, meeting: Meeting):
         if held:
             from shoal.data.flight import DataServer  # gRPC, loaded only where a job spans machines
 
-            server = DataServer(held, meeting.secret, host=meeting.bind or meeting.endpoint_host)
+            try:
+                server = DataServer(held, meeting.secret, host=meeting.bind or meeting.endpoint_host)
+            except Exception as error:  # the others may see the data themselves: a machine that needs it says so
+                print(f"shoal: warning: cannot serve the job's datasets to the other machines: {first_line(error)}",
+                      file=sys.stderr, flush=True)
         meeting.store.set(keys.DATA_PORT, str(server.port) if server else "")  # "": it serves none
         return server
     if plan.streamed:
@@ -163,6 +168,7 @@ class Supervisor:
         self.plan, self.meeting = plan, meeting
         self.restarts = 0
         self.failures: dict[int, int] = {}  # by node rank, in a job of changing machines: its restarts used
+        self.machine_restarts = 0  # restarts of a job of changing machines (counted per machine, above)
         self.reasons: dict[str, str] = {}  # by host: why it left, for the next membership event
 
     def run(self) -> None:
@@ -290,6 +296,9 @@ class Supervisor:
         usage = any(report.usage for report in reports if not report.consequence)
         if (regrouped := self.regrouped()) is not None:  # stopped for machines joining: a worker failed after
             decision = regrouped
+            if missing:  # and machines that sent nothing are not waited for again
+                meeting.drop(missing)
+                decision.dropped = missing
         elif any(report.succeeded for report in reports):  # workers pass their last barrier after the model is saved
             decision = Decision(restart=False, completed=True)
         elif not usage and (regrouped := self.regroup(cause, missing, text)) is not None:
@@ -319,11 +328,13 @@ class Supervisor:
         if meeting.node_rank in out:
             append_event(run_dir, JobEnd(status="failed", message=text))
             return Decision(restart=False, message=text, failure=failure_fields(cause))
-        if not out:
-            self.restarts += 1
-            restart = self.plan.restart_record(run_dir, self.restarts)
+        if not out:  # the blamed machine has restarts left: numbered as the run's restarts, counted per machine
+            self.machine_restarts += 1
+            restart = self.plan.restart_record(run_dir, self.machine_restarts)
             append_event(run_dir, restart)
-            print(restart_line(text, restart, self.plan.max_restarts), file=sys.stderr, flush=True)
+            blamed = self.blamed(cause, missing)
+            print(f"shoal: {text}; restarting from {restart_start(restart)}, restart {self.failures[blamed]} of "
+                  f"{self.plan.max_restarts} for {meeting.host_of(blamed)}", file=sys.stderr, flush=True)
             return Decision(restart=True, message=text)
         meeting.drop(out)  # the next attempt waits cluster.rejoin_timeout for them, or others, to come
         print(f"shoal: {text}; going on without {', '.join(meeting.host_of(node) for node in out)}",

@@ -10,6 +10,7 @@ changing machines the leader's watch also tells the workers that machines wait t
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -59,11 +60,17 @@ class AttemptWatch:
             break
         began = time.monotonic()
         while not self._done.wait(self.interval):  # until the agent is done: some may not have started yet
+            self._beat(store)  # still there while its workers stop, however long they take
             waited = time.monotonic() - began
             if waited < GRACE_SECONDS:  # workers that fail of themselves report their own error
                 continue
             number = signal.SIGKILL if waited > GRACE_SECONDS + SHUTDOWN_SECONDS else signal.SIGTERM
             self.stopped = stop_workers(number) > 0 or self.stopped
+
+    def _beat(self, store: dist.Store) -> None:
+        if self.lost is None:
+            with contextlib.suppress(*STORE_ERRORS):
+                store.add(self.alive, 1)
 
     def _tell_arrivals(self, store: dist.Store) -> None:
         """Machines wait to join: the workers stop together at their next epoch's end (shoal.cluster.regroup)."""
