@@ -42,7 +42,7 @@ class ElasticMeeting(Meeting):
     def __init__(self, nodes: Nodes, timeout: float, workers: int = 1, rejoin_timeout: float = 60.0,
                  layout: Callable[[int], None] | None = None):
         """`layout`: training's checks of a job of that many workers in all (ConfigError): an arrival that the
-        job could not take (the algorithm's groups, too few rows) is left waiting, the job goes on."""
+        job could not take (the algorithm's groups, too few rows) is told why and let go; the job goes on."""
         self.minimum, self.rejoin_timeout, self.check = nodes.minimum, rejoin_timeout, layout
         self.dropped: set[int] = set()  # node ranks the leader let go: lost, or out of restarts
         self.previous: dict[int, str] = {}  # the node ranks and hosts of the attempt before
