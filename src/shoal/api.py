@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from shoal.cluster.node.rendezvous import Nodes
 from shoal.cluster.node.supervisor import Plan, supervise
 from shoal.config import GROUP_BY_MACHINE, ClusterConfig, JobConfig, apply_overrides, node_range, parse_override
 from shoal.data.balance import equal_plan
+from shoal.data.source import readable_here
 from shoal.errors import ConfigError
 from shoal.events import EVENTS_FILE, EpochEnd, Membership, read_history
 from shoal.fit_inputs import (
@@ -115,7 +115,7 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
 def datasets_here(job: JobConfig) -> bool:
     """Whether this machine reads the job's datasets itself (a URI, or a path it sees); a machine that does
     not streams them from the first machine's data server (shoal.data.flight)."""
-    return all("://" in path or os.path.lexists(path) for path in (job.data.train, job.data.test) if path)
+    return all(readable_here(path) for path in (job.data.train, job.data.test) if path)
 
 
 def check_layout(job: JobConfig, prepared: Callable[[], Prepared], resumed: Path | None, world_size: int) -> None:

@@ -20,13 +20,18 @@ SECRET_VARIABLE = "SHOAL_JOB_SECRET"
 """The job's secret, handed by the launcher to its workers in their environment (never on a command line)."""
 
 
+def readable_here(path: str) -> bool:
+    """Whether this machine reads the dataset `path` itself: a URI of a store, or a path it sees."""
+    return "://" in path or os.path.lexists(path)
+
+
 def open_source(path: str, environ: Mapping[str, str] | None = None) -> Dataset:
     """The dataset at `path`: read here when `path` is a URI or exists here, else streamed from the job's
     data server when one is set in `environ` (default: this process's environment); else "not found"."""
     environ = os.environ if environ is None else environ
     path = str(path)
     address = environ.get(SERVER_VARIABLE)
-    if "://" in path or os.path.lexists(path) or not address:
+    if readable_here(path) or not address:
         return open_dataset(path)
     secret = environ.get(SECRET_VARIABLE)
     if not secret:

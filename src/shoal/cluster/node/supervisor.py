@@ -30,7 +30,7 @@ from shoal.cluster.signals import Interrupted, interruptible
 from shoal.cluster.store import SECRET_VARIABLE, StoreUnreachable
 from shoal.cluster.verdict import Account, Kind
 from shoal.data.source import SECRET_VARIABLE as DATA_SECRET
-from shoal.data.source import SERVER_VARIABLE
+from shoal.data.source import SERVER_VARIABLE, readable_here
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError, first_line
 from shoal.events import JobEnd, JobRestarted, Membership, WorkerFailed, append_event
 
@@ -113,7 +113,7 @@ def serve_data(plan: Plan, meeting: Meeting):
     """The first machine serves the job's datasets it holds, read-only and to the job's secret only; a machine
     without them learns where (and so do its workers, from this process's environment). Returns the server."""
     if meeting.leader:
-        held = {path: path for path in plan.datasets if "://" not in path and os.path.isdir(path)}
+        held = {path: path for path in plan.datasets if "://" not in path and readable_here(path)}
         server = None
         if held:
             from shoal.data.flight import DataServer  # gRPC, loaded only where a job spans machines
@@ -127,7 +127,7 @@ def serve_data(plan: Plan, meeting: Meeting):
         return server
     if plan.streamed:
         port = "" if meeting.wait_for(keys.DATA_PORT, plan.timeout) else meeting.store.get(keys.DATA_PORT).decode()
-        missing = next(path for path in plan.datasets if "://" not in path and not os.path.lexists(path))
+        missing = next(path for path in plan.datasets if not readable_here(path))
         if not port:
             raise ConfigError(f"{missing}: not on this machine ({meeting.host}), and the first machine "
                               f"({meeting.endpoint_host}) does not hold it either")
