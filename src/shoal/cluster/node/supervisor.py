@@ -110,10 +110,14 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
 
 
 def serve_data(plan: Plan, meeting: Meeting):
-    """The first machine serves the job's datasets it holds, read-only and to the job's secret only; a machine
+    """In a job of changing machines the first machine serves the job's datasets it holds, read-only and to the
+    job's secret only; a machine
     without them learns where (and so do its workers, from this process's environment). Returns the server."""
     if meeting.leader:
-        held = {path: path for path in plan.datasets if "://" not in path and readable_here(path)}
+        # only where machines may change (and a spare may hold nothing): a gRPC server's threads beside a fixed
+        # job's workers on a one-core machine slowed its epochs measurably (tests/cluster/test_plan.py)
+        held = {path: path for path in plan.datasets if "://" not in path and readable_here(path)} \
+            if plan.elastic else {}
         server = None
         if held:
             from shoal.data.flight import DataServer  # gRPC, loaded only where a job spans machines
@@ -130,7 +134,8 @@ def serve_data(plan: Plan, meeting: Meeting):
         missing = next(path for path in plan.datasets if not readable_here(path))
         if not port:
             raise ConfigError(f"{missing}: not on this machine ({meeting.host}), and the first machine "
-                              f"({meeting.endpoint_host}) does not hold it either")
+                              f"({meeting.endpoint_host}) does not serve it (it serves the datasets it holds to a "
+                              "job of changing machines, --nnodes MIN:MAX)")
         host = f"[{meeting.endpoint_host}]" if ":" in meeting.endpoint_host else meeting.endpoint_host
         # the launcher's own checks and its workers read the datasets from there (the launcher is the job's)
         os.environ.update({SERVER_VARIABLE: f"{host}:{port}", DATA_SECRET: meeting.secret})
