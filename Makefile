@@ -72,6 +72,7 @@ bench: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.algorithms
 	$(BIN)/python -m benchmarks.batch
 	$(BIN)/python -m benchmarks.server
+	$(BIN)/python -m benchmarks.comm
 	$(BIN)/python -m benchmarks.plan_papers
 	$(BIN)/python -m benchmarks.plan_replay
 	$(BIN)/python -m benchmarks.repeatability

@@ -47,8 +47,10 @@ def shape_of(row: dict) -> Shape:
     """The planner's view of a measured row's job (benchmarks.plan.write_job: no test set, an evaluation each
     epoch, the algorithm's default options). Its epoch count is write_job's default: no epoch's seconds hang on it."""
     options = drop_none(dataclasses.asdict(options_class(row["algorithm"])()))
+    hidden = MODELS[row["model"]]
+    shapes = ((hidden, INPUTS), (hidden,), (CLASSES, hidden), (CLASSES,))  # what PowerSGD could factor
     return Shape(parameters=parameters(row["model"]), buffers=0, rows=row["rows"], test_rows=0, batch=row["batch"],
-                 epochs=3, eval_every=1, algorithm=row["algorithm"], options=options)
+                 epochs=3, eval_every=1, algorithm=row["algorithm"], options=options, parameter_shapes=shapes)
 
 
 def profiles_of(result: Path, results: list[dict]) -> dict[tuple[str, str], list]:

@@ -39,7 +39,8 @@ MODEL = 'layers = [{ dense = 32, activation = "relu" }, { dropout = 0.1 }, { den
 
 
 def write_job(path: Path, train: Path, test: Path | None, *, extra: str = "", algorithm: str = "averaging",
-              model: str = MODEL, epochs: int = 2) -> Path:
+              model: str = MODEL, epochs: int = 2, options: str = "") -> Path:
+    """`options`: lines of the [algorithm] table besides its name."""
     test_line = f'test = "{test}"' if test else ""
     path.write_text(f"""
 [model]
@@ -49,6 +50,7 @@ train = "{train}"
 {test_line}
 [algorithm]
 name = "{algorithm}"
+{options}
 [train]
 epochs = {epochs}
 batch_size = 64

@@ -33,11 +33,11 @@ def task(tmp_path_factory):
 
 
 def write_job(path: Path, task, *, action: str = "none", at: int = 0, marker: Path | None = None,
-              delay: float = 0.0, extra: str = "", algorithm: str = "averaging") -> Path:
+              delay: float = 0.0, extra: str = "", algorithm: str = "averaging", options: str = "") -> Path:
     """A job whose model misbehaves on cue (tests.support.models:sabotaged)."""
     model = (f'factory = "tests.support.models:sabotaged"\n'
              f'arguments = {{ action = "{action}", at = {at}, marker = "{marker or ""}", delay = {delay} }}')
-    return write_task_job(path, *task, extra=extra, algorithm=algorithm, model=model, epochs=EPOCHS)
+    return write_task_job(path, *task, extra=extra, algorithm=algorithm, model=model, epochs=EPOCHS, options=options)
 
 
 def shoal(*arguments, env, timeout=TIMEOUT) -> subprocess.CompletedProcess:
@@ -119,12 +119,15 @@ def test_a_worker_restarted_by_torchruns_own_agent_continues_from_the_checkpoint
     assert events(run_dir, "job_end")[-1]["status"] == "completed"
 
 
-def test_killed_worker_with_sync_matches_too(task, tmp_path, project_env):
-    reference = write_job(tmp_path / "reference.toml", task, algorithm="sync")
+@pytest.mark.parametrize("compression", ["none", "powersgd"])
+def test_killed_worker_with_sync_matches_too(task, tmp_path, project_env, compression):
+    """With PowerSGD the restart also needs each rank's error feedback and Q from its checkpoint."""
+    options = f'compression = "{compression}"\ncompression_rank = 2'
+    reference = write_job(tmp_path / "reference.toml", task, algorithm="sync", options=options)
     finished = shoal("train", reference, "--workers", 2, "--run-dir", tmp_path / "reference", env=project_env)
     assert finished.returncode == 0, finished.stderr
     job = write_job(tmp_path / "job.toml", task, action="kill", at=2 * STEPS_PER_EPOCH + 5,
-                    marker=tmp_path / "fired", algorithm="sync")
+                    marker=tmp_path / "fired", algorithm="sync", options=options)
     run_dir = tmp_path / "run"
     finished = shoal("train", job, "--workers", 2, "--run-dir", run_dir, "--max-restarts", 1, env=project_env)
     assert finished.returncode == 0, finished.stderr

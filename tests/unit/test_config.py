@@ -31,6 +31,9 @@ layers = [{ dense = 100, activation = "relu" }, { dropout = 0.5 }, { dense = 2 }
 train = "/nowhere/train"
 """
 
+SYNC_DEFAULTS = {"compression": "none", "compression_rank": 4, "overlap": "auto", "hierarchical": True}
+COMPRESSION_DEFAULTS = {"compression": "none", "compression_rank": 4}  # averaging's and EASGD's
+
 
 def write_job(tmp_path: Path, text: str, name: str = "job") -> Path:
     path = tmp_path / f"{name}.toml"
@@ -60,7 +63,7 @@ def test_minimal_job_gets_every_default(tmp_path):
     assert job.model.layers == [{"dense": 100, "activation": "relu"}, {"dropout": 0.5}, {"dense": 2}]
     assert job.model.factory is None and job.model.arguments == {}
     assert job.data.train == "/nowhere/train" and job.data.test is None
-    assert job.algorithm == AlgorithmConfig(name="sync", options={})
+    assert job.algorithm == AlgorithmConfig(name="sync", options=SYNC_DEFAULTS)
     assert job.train == TrainConfig(
         epochs=1, batch_size=32, optimizer={"name": "sgd", "lr": 0.01}, loss="cross_entropy",
         seed=0, eval_every=1, shuffle=True,
@@ -97,7 +100,7 @@ def test_every_section_is_read(tmp_path):
         progress = "lines"
     """))
     assert job.data.test == "/nowhere/test"
-    assert job.algorithm == AlgorithmConfig(name="averaging", options={"period": 5})
+    assert job.algorithm == AlgorithmConfig(name="averaging", options={"period": 5, **COMPRESSION_DEFAULTS})
     assert job.train == TrainConfig(
         epochs=4, batch_size=64, optimizer={"name": "adam", "lr": 0.001}, loss="mse",
         seed=7, eval_every=2, shuffle=False,
@@ -108,7 +111,7 @@ def test_every_section_is_read(tmp_path):
 
 def test_averaging_period_defaults_to_epoch(tmp_path):
     job = load_job(write_job(tmp_path, MINIMAL + '\n[algorithm]\nname = "averaging"\n'))
-    assert job.algorithm.options == {"period": "epoch"}
+    assert job.algorithm.options == {"period": "epoch", **COMPRESSION_DEFAULTS}
 
 
 def test_relative_dataset_path_resolves_against_the_job_file(tmp_path, monkeypatch):
@@ -150,8 +153,8 @@ def test_option_of_another_algorithm_is_set_aside(tmp_path):
     path = tmp_path / "job.toml"
     path.write_text(MINIMAL + '\n[algorithm]\nname = "averaging"\nperiod = 3\n')
     job = load_job(path, ["algorithm.name=sync"])
-    assert job.algorithm.name == "sync" and job.algorithm.options == {}
-    assert job.to_dict()["algorithm"] == {"name": "sync"}
+    assert job.algorithm.name == "sync" and job.algorithm.options == SYNC_DEFAULTS
+    assert job.to_dict()["algorithm"] == {"name": "sync", **SYNC_DEFAULTS}
 
 
 def test_option_no_algorithm_knows_is_unknown(tmp_path):
@@ -319,7 +322,7 @@ def test_config_error_is_a_shoal_error():
 def test_overrides_through_load_job(tmp_path):
     path = write_job(tmp_path, MINIMAL + '\n[train]\noptimizer = { name = "sgd", lr = 0.1, momentum = 0.9 }\n')
     job = load_job(path, overrides=["algorithm.name=averaging", "train.epochs=3", "train.optimizer.lr=0.5"])
-    assert job.algorithm == AlgorithmConfig(name="averaging", options={"period": "epoch"})
+    assert job.algorithm == AlgorithmConfig(name="averaging", options={"period": "epoch", **COMPRESSION_DEFAULTS})
     assert job.train.epochs == 3
     assert job.train.optimizer == {"name": "sgd", "lr": 0.5, "momentum": 0.9}
 
@@ -327,7 +330,7 @@ def test_overrides_through_load_job(tmp_path):
 def test_override_algorithm_name_sync(tmp_path):
     path = write_job(tmp_path, MINIMAL + '\n[algorithm]\nname = "averaging"\n')
     assert load_job(path).algorithm.name == "averaging"
-    assert load_job(path, overrides=["algorithm.name=sync"]).algorithm == AlgorithmConfig("sync", {})
+    assert load_job(path, overrides=["algorithm.name=sync"]).algorithm == AlgorithmConfig("sync", SYNC_DEFAULTS)
 
 
 def test_override_string_without_quotes(tmp_path):
@@ -346,7 +349,7 @@ def test_override_values_are_read_as_toml(tmp_path):
     assert job.train.shuffle is False
     assert job.cluster.timeout == 2.5
     assert job.train.optimizer == {"name": "adam", "lr": 0.003}
-    assert job.algorithm.options == {"period": 4}
+    assert job.algorithm.options == {"period": 4, **COMPRESSION_DEFAULTS}
 
 
 def test_later_override_wins(tmp_path):
@@ -464,7 +467,7 @@ def test_to_toml_round_trip_of_a_full_job(tmp_path):
     """
     job = load_job(write_job(tmp_path, text))
     dumped = job.to_toml()
-    assert tomllib.loads(dumped)["algorithm"] == {"name": "averaging", "period": 7}
+    assert tomllib.loads(dumped)["algorithm"] == {"name": "averaging", "period": 7, **COMPRESSION_DEFAULTS}
     (tmp_path / "copy").mkdir()
     assert load_job(write_job(tmp_path / "copy", dumped)) == job
 
@@ -479,5 +482,5 @@ def test_to_dict_leaves_out_none_and_flattens_options():
     job = from_dict({"model": {"layers": [{"dense": 2}]}, "data": {"train": "t"},
                      "algorithm": {"name": "averaging", "period": 3}})
     raw = job.to_dict()
-    assert raw["algorithm"] == {"name": "averaging", "period": 3}
+    assert raw["algorithm"] == {"name": "averaging", "period": 3, **COMPRESSION_DEFAULTS}
     assert "test" not in raw["data"] and "run_dir" not in raw["output"] and "input" not in raw["model"]

@@ -18,14 +18,29 @@ the last round.
 Every epoch ends with a round across all workers (or with a step that held one), so the replicas
 are equal there: a resume on another number of workers gives every worker rank 0's replica, which
 is the consensus, and rank 0's optimizer moments; `averaged_at` goes on from rank 0's.
+
+With `compression` (see `compression.py`) the rounds across all workers, the ones that cross the slow
+network, send fewer bytes. Every rank keeps the anchor: the consensus after the last such round (at first
+the broadcast initial weights). It sends its replica's difference from the anchor, scaled by its share of
+the mean (its rows over the total, that total summed exactly beside it, when weighed; else 1 / N); the
+compressor sums the shares, and every replica, and the anchor, becomes anchor + sum: the same bytes on every
+rank. Differences, not weights, because a difference is what a worker learnt since the last round, small
+next to the weights: "bf16" rounds that move to 8 bits, where rounding the weights would lose a part of them
+as large as many steps' moves (about ten times the error, measured over a few rounds). "powersgd" sends a
+low-rank approximation of each matrix's share and adds what it left out to the rank's next round, so it is
+delayed, not lost. Rounds within a group (a machine or a rack) stay exact; with one group, its rounds are
+every worker's and are compressed. "none" is the exact all-reduce of the weights above, unchanged.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from shoal.algorithms.base import model_state
 from shoal.algorithms.collective import CollectiveAlgorithm
+from shoal.algorithms.compression import check_compression, make_compressor
 from shoal.algorithms.groups import check_group_period, check_groups, check_period
 from shoal.cluster.collectives import FlatBuffer
 
@@ -37,9 +52,16 @@ class AveragingOptions:
     group_period: int | None = None
     """Average within each group every this many steps (required with cluster.groups > 1;
     with one group, the group is every worker)."""
+    compression: str = "none"
+    """What a round across all workers sends: "none" (the weights, exact), "bf16" or "fp16" (each replica's
+    difference from the last consensus, 2 bytes a number, summed in fp32) or "powersgd" (that difference in low
+    rank, with error feedback). Rounds within a group stay exact."""
+    compression_rank: int = 4
+    """PowerSGD's rank: numbers sent per round are about rank x (rows + columns) of each weight matrix."""
 
     def __post_init__(self) -> None:
         check_period("algorithm.period", self.period)
+        check_compression(self.compression, self.compression_rank)
         check_group_period(self.group_period, self.period)
 
 
@@ -66,6 +88,11 @@ class ModelAveraging(CollectiveAlgorithm):
         self.step_count = 0  # the global step just taken
         self.averaged_at = 0  # the global step of the last average across all workers
         self.rows = [0, 0]  # rows trained on since the last round across all workers, and within the group
+        self.compressor, self.anchor = None, None
+        if self.options.compression != "none":
+            self.compressor = make_compressor(self.options.compression, self.options.compression_rank, self.seed)
+            self.shapes = [tensor.shape for tensor in self.state.tensors]
+            self.anchor = self.state.pack()[:-1].clone()  # the consensus: rank 0's, broadcast by super().setup
 
     def after_backward(self, rows: int) -> None:
         self.rows[0] += rows
@@ -73,12 +100,18 @@ class ModelAveraging(CollectiveAlgorithm):
 
     def average_(self) -> None:
         """Replace every replica by the mean of all replicas."""
-        self._average(self.comm, 0)
+        if self.compressor is not None:
+            self._average_compressed()
+        else:
+            self._average(self.comm, 0)
         self.rows[1] = 0
 
     def average_group_(self) -> None:
         """Replace every replica by the mean of its group's replicas."""
-        self._average(self.group_comm, 1)
+        if self.groups == 1 and self.compressor is not None:
+            self.average_()  # the one group is every worker: its rounds cross the network, compressed
+        else:
+            self._average(self.group_comm, 1)
 
     def _average(self, comm, which: int) -> None:
         """The mean over `comm`'s replicas: plain, or weighed by the rows each trained on since the last round."""
@@ -97,6 +130,30 @@ class ModelAveraging(CollectiveAlgorithm):
             comm.all_reduce_mean_(flat[:-1])
             self.state.unpack_()
         self.rows[which] = 0
+
+    def _average_compressed(self) -> None:
+        """A round across all workers through the compressor: each replica's share of the mean's move away from
+        the anchor is summed, and every replica (and the anchor) becomes anchor + that sum."""
+        comm = self.comm
+        if comm.world_size == 1:
+            self.rows[0] = 0
+            return
+        flat = self.state.pack()
+        difference = flat[:-1]
+        if self.weigh_by_rows:
+            total = torch.tensor([float(self.rows[0])], dtype=flat.dtype, device=flat.device)
+            comm.all_reduce_sum_(total)  # exact: the weights of the mean must not be rounded
+            share = self.rows[0] / total.item() if total.item() > 0 else None
+        else:
+            share = 1.0 / comm.world_size
+        self.rows[0] = 0
+        if share is None:  # no worker trained: every replica is the anchor, keep them
+            return
+        difference.sub_(self.anchor).mul_(share)
+        self.compressor.sum_(difference, self.shapes, "average", comm)
+        self.anchor.add_(difference)
+        difference.copy_(self.anchor)
+        self.state.unpack_()
 
     def after_step(self, step: int) -> None:
         self.step_count = step
@@ -120,7 +177,22 @@ class ModelAveraging(CollectiveAlgorithm):
         return self.averaged_at == self.step_count
 
     def state_dict(self) -> dict:
-        return {"averaged_at": self.averaged_at}
+        state = {"averaged_at": self.averaged_at}
+        if self.compressor is not None:
+            state["anchor"] = self.anchor.clone()
+            compression = self.compressor.state_dict()
+            if compression:
+                state["compression"] = compression
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.averaged_at = state["averaged_at"]
+        if self.compressor is not None:
+            # Without an anchor (a job that turns compression on as it resumes) the epoch's closing round left
+            # the consensus in the model, loaded before this.
+            self.anchor.copy_(state["anchor"] if "anchor" in state else self.state.pack()[:-1])
+            self.compressor.load_state_dict(state.get("compression", {}))
+
+    def reshard_(self) -> None:
+        if self.compressor is not None:
+            self.compressor.forget_errors()  # rank 0's remainder is its own; the anchor is every worker's

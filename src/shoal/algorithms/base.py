@@ -47,6 +47,10 @@ class Algorithm:
         self.comm: Communicator | None = None
         self.weigh_by_rows = False
         """Shares differ (cluster.balance): averages weigh each worker by the rows it trained on."""
+        self.machines: list[list[int]] | None = None
+        """The ranks of each machine, set by the runner before `setup` (synchronous SGD sums within one first)."""
+        self.seed = 0
+        """The job's seed, set by the runner before `setup`."""
 
     def same_steps(self) -> bool:
         """Whether every training worker must run the same steps in an epoch (a worker given more rows then
@@ -79,6 +83,11 @@ class Algorithm:
         comm.broadcast_(flat.pack(), source=0)
         flat.unpack_()
 
+    def before_backward(self, weight: float, rows: int, final: bool) -> None:
+        """Called before loss.backward(): `weight` turns the gradients it leaves into a rows-weighted sum (the
+        batch's rows for a mean loss, 1 for accumulated sums), `rows` are the rows the update will speak for, and
+        `final` says whether the update follows this backward pass (the last batch of an accumulated group)."""
+
     def after_backward(self, rows: int) -> None:
         """Called after loss.backward() on a batch of `rows` rows, before the optimizer's step."""
 
@@ -109,6 +118,9 @@ class Algorithm:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what state_dict returned."""
+
+    def close(self) -> None:
+        """Release what `setup` started (hooks, threads); called once training on this rank is over."""
 
     def reshard_(self) -> None:
         """Called on every rank once it has loaded rank 0's state of a checkpoint (a resume on another number

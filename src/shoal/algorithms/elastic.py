@@ -29,6 +29,15 @@ runs its elastic rounds every `group_period` steps; every `period` steps (and at
 end) the group centres and their velocities are replaced by their mean over all workers (each
 group weighs as many workers as it has). Workers are not moved by that average: their next
 group round pulls them towards the new centre, so they keep the freedom EASGD gives them.
+
+With `compression` (see `compression.py`) the elastic round's all-reduce goes through the compressor. What
+it sums is already a difference, d_i (alpha times a replica's distance to the centre), small next to the
+weights: "bf16" rounds the centre's move to 8 bits, not the centre. Each worker still moves by its own
+exact d_i; the centre moves by the compressed sum, the same bytes on every rank of the round, so there is
+one centre. "powersgd" sends a low-rank approximation of each matrix's d_i and adds what it left out to the
+worker's next round: the centre gets it a round late. The averages of the group centres stay exact. The
+compressor's state (PowerSGD's queries and errors) is in the checkpoint; a resume on another number of
+workers drops the errors (rank 0's are its own).
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from shoal.algorithms.collective import CollectiveAlgorithm
+from shoal.algorithms.compression import check_compression, make_compressor
 from shoal.algorithms.groups import check_group_period, check_groups, check_period
 from shoal.cluster.collectives import FlatBuffer
 from shoal.errors import ConfigError
@@ -60,6 +70,11 @@ class ElasticOptions:
     (`elastic_server.py`)."""
     group_period: int | None = None
     """Steps between elastic rounds within each group (required with cluster.groups > 1)."""
+    compression: str = "none"
+    """What the elastic round's sum of the workers' moves travels as (synchronous = true only): "none" (exact),
+    "bf16" or "fp16" (2 bytes a number, summed in fp32) or "powersgd" (low rank, with error feedback)."""
+    compression_rank: int = 4
+    """PowerSGD's rank: numbers sent per round are about rank x (rows + columns) of each weight matrix."""
 
     def __post_init__(self) -> None:
         if not _number(self.elastic_force) or not 0 < self.elastic_force < 1:
@@ -70,6 +85,7 @@ class ElasticOptions:
             raise ConfigError(f"algorithm.synchronous: must be true or false, got {self.synchronous!r}")
         check_period("algorithm.period", self.period)
         check_group_period(self.group_period, self.period)
+        check_compression(self.compression, self.compression_rank)
 
 
 def _number(value) -> bool:
@@ -105,6 +121,10 @@ class ElasticAveraging(CollectiveAlgorithm):
     def setup(self, model, optimizer, comm) -> None:
         super().setup(model, optimizer, comm)
         self.weights = FlatBuffer([p.data for p in model.parameters()])
+        self.shapes = [p.shape for p in model.parameters()]
+        self.compressor = None
+        if self.options.compression != "none":
+            self.compressor = make_compressor(self.options.compression, self.options.compression_rank, self.seed)
         self.centre = self.weights.pack().clone()  # every rank starts from rank 0's weights
         self.difference = torch.zeros_like(self.centre)
         self.velocity = torch.zeros_like(self.centre) if self.options.momentum else None
@@ -127,7 +147,10 @@ class ElasticAveraging(CollectiveAlgorithm):
         torch.sub(weights, self.centre, out=self.difference).mul_(self.options.elastic_force)
         weights.sub_(self.difference)
         self.weights.unpack_()
-        self.round_comm.all_reduce_sum_(self.difference)
+        if self.compressor is not None and self.round_comm.world_size > 1:
+            self.compressor.sum_(self.difference, self.shapes, "elastic", self.round_comm)
+        else:
+            self.round_comm.all_reduce_sum_(self.difference)
         if self.velocity is not None:
             self.velocity.mul_(self.options.momentum).add_(self.difference)
             self.centre.add_(self.velocity)
@@ -180,6 +203,8 @@ class ElasticAveraging(CollectiveAlgorithm):
         state = {"centre": self.centre.clone(), "pulled_at": self.pulled_at, "crossed_at": self.crossed_at}
         if self.velocity is not None:
             state["velocity"] = self.velocity.clone()
+        if self.compressor is not None and (compression := self.compressor.state_dict()):
+            state["compression"] = compression
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -188,8 +213,13 @@ class ElasticAveraging(CollectiveAlgorithm):
             self.velocity.copy_(state["velocity"])
         self.pulled_at = state["pulled_at"]
         self.crossed_at = state["crossed_at"]
+        if self.compressor is not None:
+            self.compressor.load_state_dict(state.get("compression", {}))
 
     def reshard_(self) -> None:
-        """Every worker's replica starts again at the centre: rank 0's replica is one worker's exploration."""
+        """Every worker's replica starts again at the centre: rank 0's replica is one worker's exploration (and
+        its compression errors its own)."""
         self.weights.buffer.copy_(self.centre)
         self.weights.unpack_()
+        if self.compressor is not None:
+            self.compressor.forget_errors()

@@ -34,6 +34,9 @@ class AsynchronousElasticAveraging(ServerAlgorithm):
 
     def __init__(self, options=None, groups: int = 1):
         super().__init__(options, groups)
+        if self.options.compression != "none":
+            raise ConfigError(f"algorithm.compression: {self.options.compression!r} applies to synchronous EASGD "
+                              "only (synchronous = true); the asynchronous variant sends whole weights to its server")
         self.every = self.options.period if self.options.period != "epoch" else 1  # plan() sets it
 
     def check(self, world_size: int) -> None:

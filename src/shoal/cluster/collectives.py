@@ -130,14 +130,22 @@ class Communicator:
         """The world rank of this communicator's rank `rank` (for point-to-point messages)."""
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
+    def detached(self) -> Communicator:
+        """The same ranks with a clock of their own: for exchanges run beside the training loop (overlap), whose
+        time is not the loop's communication; the loop counts only what it waits for (`count`)."""
+        return Communicator(self.rank, self.world_size, group=self.group, device=self.device)
+
+    def count(self, seconds: float) -> None:
+        """Add `seconds` of communication to this communicator's clock and its parents'."""
+        communicator = self
+        while communicator is not None:
+            communicator.seconds += seconds
+            communicator = communicator.parent
+
     def _timed(self, operation, *args, **kwargs):
         start = time.perf_counter()
         result = operation(*args, group=self.group, **kwargs)
-        elapsed = time.perf_counter() - start
-        communicator = self
-        while communicator is not None:
-            communicator.seconds += elapsed
-            communicator = communicator.parent
+        self.count(time.perf_counter() - start)
         return result
 
     def all_reduce_sum_(self, buffer: torch.Tensor) -> torch.Tensor:
@@ -153,8 +161,28 @@ class Communicator:
 
     def broadcast_(self, buffer: torch.Tensor, source: int = 0) -> torch.Tensor:
         if self.world_size > 1:
-            self._timed(dist.broadcast, buffer, src=source)
+            self._timed(dist.broadcast, buffer, src=self.global_rank(source))
         return buffer
+
+    def reduce_sum_(self, buffer: torch.Tensor, destination: int = 0) -> torch.Tensor:
+        """The sum over ranks into `buffer` on rank `destination` (other ranks' buffers are left undefined)."""
+        if self.world_size > 1:
+            self._timed(dist.reduce, buffer, dst=self.global_rank(destination), op=dist.ReduceOp.SUM)
+        return buffer
+
+    def all_to_all_(self, output: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+        """Equal chunks: chunk j of this rank's `tensor` goes to rank j; `output` gets the chunks in rank order."""
+        if self.world_size == 1:
+            return output.copy_(tensor)
+        self._timed(dist.all_to_all_single, output, tensor)
+        return output
+
+    def all_gather_into_(self, output: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's `tensor`, concatenated in rank order into `output` (world_size times its numbers)."""
+        if self.world_size == 1:
+            return output.copy_(tensor.reshape(-1))
+        self._timed(dist.all_gather_into_tensor, output, tensor)
+        return output
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Stack of every rank's tensor, shape (world_size, *tensor.shape), on the tensor's device."""

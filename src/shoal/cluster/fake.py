@@ -119,10 +119,18 @@ class FakeCommunicator:
         self._splits = 0
 
     def _count(self, start: float) -> None:
-        elapsed, communicator = time.perf_counter() - start, self
+        self.count(time.perf_counter() - start)
+
+    def count(self, seconds: float) -> None:
+        """Add `seconds` of communication to this communicator's clock and its parents'."""
+        communicator = self
         while communicator is not None:
-            communicator.seconds += elapsed
+            communicator.seconds += seconds
             communicator = communicator.parent
+
+    def detached(self) -> FakeCommunicator:
+        """The same ranks with a clock of their own (as the real one)."""
+        return FakeCommunicator(self.group, self.rank, self.device)
 
     def _exchange(self, operation: str, value) -> list:
         start = time.perf_counter()
@@ -165,6 +173,23 @@ class FakeCommunicator:
         parts = self._exchange(f"broadcast_(source={source})", buffer.detach().clone() if self.rank == source else None)
         buffer.copy_(parts[source])
         return buffer
+
+    def reduce_sum_(self, buffer: torch.Tensor, destination: int = 0) -> torch.Tensor:
+        parts = self._exchange(f"reduce_sum_(destination={destination})", buffer.detach().clone())
+        if self.rank == destination:
+            buffer.copy_(_sum(parts))
+        return buffer
+
+    def all_to_all_(self, output: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+        """Chunk j of this rank's `tensor` goes to rank j; `output` holds the chunks it receives in rank order."""
+        parts = self._exchange("all_to_all_", tensor.detach().clone())
+        output.copy_(torch.cat([part.chunk(self.world_size)[self.rank] for part in parts]))
+        return output
+
+    def all_gather_into_(self, output: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+        parts = self._exchange("all_gather_into_", tensor.detach().clone().reshape(-1))
+        output.copy_(torch.cat(parts))
+        return output
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Stack of every rank's tensor, shape (world_size, *tensor.shape), on the tensor's device."""

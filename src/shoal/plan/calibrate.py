@@ -7,12 +7,14 @@ otherwise the network is measured between the first two of the given hosts, each
 through the cluster's remote command. When several workers share a machine, loopback is measured
 on the first host (on this machine when no host is given): assumed, it priced the all-reduce of
 127 kB between two busy workers of a 2-core VM at 0.2 ms a step, where it took 1.8-2.0 ms. A link
-the user describes (`--link 1gbit --latency 0.1ms`) is taken as given.
+the user describes (`--link 1gbit --latency 0.1ms`) is taken at the share of its rate that shoal's
+exchange was measured to reach on such a link.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import sys
 
@@ -26,6 +28,12 @@ from shoal.plan.network_probe import links, probe_command, probe_sizes, run_pair
 from shoal.plan.profile import Network, Profile
 
 DEFAULT_RATE, DEFAULT_LATENCY = "1gbit", "0.1ms"
+# A link's nominal rate (bits per second) -> the share of it shoal's exchange reaches: the network probe's
+# all-reduces (a busy worker's) between 2 emulated hosts (tc tbf, one core each) on a 2-core VM, the median over
+# messages of 64 kB to 5 MB at 10 and 100 Mbit/s, of 0.5 MB and more at 1 Gbit/s (smaller ones reached 0.25-0.35
+# there: about 1 ms a message, which --latency describes), benchmarks/results/2026-11-28-2core-cpu-link-efficiency.md.
+# TCP/IP headers take 4% of a frame; the rest is the shaper's pacing and the hosts' kernel work beside gloo's.
+REACHED_SHARE = {10e6: 0.80, 100e6: 0.70, 1e9: 0.55}
 LOOPBACK = Link(latency=30e-6, bandwidth=2e9)  # inside a machine, where one worker per machine never uses it
 LOCAL = "127.0.0.1"
 RATE_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -48,9 +56,26 @@ def parse_latency(text: str, where: str = "--latency") -> float:
     return float(match.group(1)) * TIME_UNITS[match.group(2) or "s"]
 
 
+def reached_share(bits_per_second: float) -> float:
+    """The share of a nominal rate shoal's exchange reaches: as measured at the nearest rates of REACHED_SHARE,
+    interpolated in log rate between them, the nearest one's beyond them."""
+    rates = sorted(REACHED_SHARE)
+    if bits_per_second <= rates[0] or bits_per_second >= rates[-1]:
+        return REACHED_SHARE[rates[0] if bits_per_second <= rates[0] else rates[-1]]
+    high = next(rate for rate in rates if rate >= bits_per_second)
+    low = rates[rates.index(high) - 1]
+    weight = math.log(bits_per_second / low) / math.log(high / low)
+    return REACHED_SHARE[low] + weight * (REACHED_SHARE[high] - REACHED_SHARE[low])
+
+
 def described_network(rate: str, latency: str, inside: Link = LOOPBACK) -> Network:
-    link = Link(latency=parse_latency(latency), bandwidth=parse_rate(rate) / 8)
-    return Network(across=link, inside=inside, source=f"described: {rate}, {latency} per message")
+    """A link known by its nominal rate, priced at what shoal's exchange reaches of it (REACHED_SHARE)."""
+    bits = parse_rate(rate)
+    share = reached_share(bits)
+    link = Link(latency=parse_latency(latency), bandwidth=bits / 8 * share)
+    return Network(across=link, inside=inside,
+                   source=f"described: {rate}, {latency} per message; priced at {share:.0%} of the rate, what "
+                          "shoal's exchange reached on emulated links of that rate")
 
 
 def measured_pair(first: str, second: str, template: str | None, port: int, sizes: list[int],

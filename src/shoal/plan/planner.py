@@ -5,7 +5,9 @@ The planner predicts every (node count, algorithm) pair for the job's model and 
 each node count the smallest dataset at which it beats the count below it (the Parallel SGD
 study's crossover), and recommends the smallest cluster within a tenth of the fastest job, with
 its reason in one line. On machines of different speeds each algorithm is a series twice over,
-with equal shares and with speed shares, so the recommendation says which to set.
+with equal shares and with speed shares, so the recommendation says which to set. When exact sync
+would wait on the link longer than it computes, a second line names the compression that helps,
+with the epoch of each beside exact's.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def job_shape(job: JobConfig, rows: int | None = None, algorithm: str | None = N
     buffers = sum(b.numel() for b in model.buffers() if b.is_floating_point())
     name = algorithm or job.algorithm.name
     options = dict(job.algorithm.options) if name == job.algorithm.name else {}
-    shape = Shape(parameters=sum(p.numel() for p in model.parameters()), buffers=buffers,
+    shapes = tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
+    shape = Shape(parameters=sum(p.numel() for p in model.parameters()), buffers=buffers, parameter_shapes=shapes,
                   rows=rows if rows is not None else train_set.rows, test_rows=test_rows, batch=job.train.batch_size,
                   epochs=job.train.epochs, eval_every=job.train.eval_every, algorithm=name, options=options,
                   groups=job.cluster.groups)
@@ -51,6 +54,8 @@ class Plan:
     """Series (the algorithm, and how the rows were shared on machines of different speeds) -> node count ->
     the rows from which it beats the node count before it."""
     recommendation: str = ""
+    compression: str = ""
+    """When exact sync waits on the link longer than it computes: the compression that helps, and its epoch."""
     baseline: dict[str, float] = field(default_factory=dict)
     """Series -> the job seconds of the smallest cluster, for speedups."""
     pace_range: float = 1.0
@@ -70,7 +75,7 @@ class Plan:
                                 for p in self.predictions],
                 "crossovers": {name: {str(n): rows for n, rows in found.items()}
                                for name, found in self.crossovers.items()},
-                "recommendation": self.recommendation, "pace_range": self.pace_range,
+                "recommendation": self.recommendation, "compression": self.compression, "pace_range": self.pace_range,
                 "machine_speeds": list(self.speeds)}
 
 
@@ -101,14 +106,13 @@ def make_plan(shapes: list[Shape], nodes: list[int], per_node: int, profile: Pro
         plan.crossovers[series] = {later.nodes: crossover(earlier.line, later.line)
                                    for earlier, later in zip(own, own[1:])}
     plan.recommendation = recommend(plan, shapes, per_node, profile)
+    plan.compression = compression_advice(plan, shapes, per_node, profile)
     return plan
 
 
 def recommend(plan: Plan, shapes: list[Shape], per_node: int, profile: Profile) -> str:
     """The smallest cluster within CLOSE_ENOUGH of the fastest job, its algorithm (and shares), and a batch size."""
-    fastest = min(plan.predictions, key=lambda p: p.job_seconds)
-    chosen = min((p for p in plan.predictions if p.job_seconds <= fastest.job_seconds * CLOSE_ENOUGH),
-                 key=lambda p: (p.nodes, p.job_seconds))
+    fastest, chosen = fastest_and_chosen(plan)
     shape = dataclasses.replace({name(s): s for s in shapes}[chosen.algorithm], balance=chosen.balance or "equal")
     smallest = min(p.nodes for p in plan.predictions)
     if chosen.nodes != smallest:
@@ -127,6 +131,45 @@ def recommend(plan: Plan, shapes: list[Shape], per_node: int, profile: Profile) 
             reason += (f"; {chosen.communication_share:.0%} of its epoch is communication, batch {batch} "
                        f"brings it under {COMMUNICATION_BOUND:.0%} (check the accuracy{beyond})")
     return f"{chosen.nodes} node(s) x {per_node} worker(s), {shares_text(chosen)}, batch {batch}: {reason}"
+
+
+def fastest_and_chosen(plan: Plan) -> tuple[Prediction, Prediction]:
+    """(the fastest job, the smallest cluster within CLOSE_ENOUGH of it)."""
+    fastest = min(plan.predictions, key=lambda p: p.job_seconds)
+    chosen = min((p for p in plan.predictions if p.job_seconds <= fastest.job_seconds * CLOSE_ENOUGH),
+                 key=lambda p: (p.nodes, p.job_seconds))
+    return fastest, chosen
+
+
+def compression_advice(plan: Plan, shapes: list[Shape], per_node: int, profile: Profile) -> str:
+    """One line when exact sync, on the recommended cluster (or the smallest of several machines), waits on the
+    link longer than it computes: bf16's and powersgd's epochs beside exact's, the faster one recommended."""
+    sync = next((shape for shape in shapes if shape.algorithm == "sync"), None)
+    _, chosen = fastest_and_chosen(plan)
+    counts = [p.nodes for p in plan.predictions if p.algorithm == "sync" and p.nodes > 1]
+    if sync is None or not counts:
+        return ""
+    nodes = chosen.nodes if chosen.nodes in counts else min(counts)
+    layout = first_machines(nodes, per_node, plan.speeds)
+    epochs = {}
+    for compression in ("none", "bf16", "powersgd"):
+        variant = dataclasses.replace(sync, options={**sync.options, "compression": compression})
+        epochs[compression] = predict(variant, layout, profile.compute, profile.network)
+    exact = epochs["none"]
+    if exact.communication_seconds <= exact.compute_seconds:
+        return ""
+    best = min(("bf16", "powersgd"), key=lambda name: epochs[name].epoch_seconds)
+    if epochs[best].epoch_seconds >= exact.epoch_seconds:  # a latency-bound link: compression would not help
+        return ""
+    each = ", ".join(f"{name} {seconds(epochs[name])}" for name in ("bf16", "powersgd"))
+    return (f"exact sync on {nodes} node(s) waits {exact.communication_seconds:.2f} s an epoch for the link against "
+            f'{exact.compute_seconds:.2f} s of compute: algorithm.compression = "{best}" would take '
+            f"{seconds(epochs[best])} an epoch ({each}, exact {seconds(exact)}); powersgd changes the steps (check "
+            "the accuracy), bf16 rounds the gradients to 8 significant bits")
+
+
+def seconds(prediction: Prediction) -> str:
+    return f"{prediction.epoch_seconds:.2f} s"
 
 
 def shares_text(prediction: Prediction) -> str:

@@ -1,7 +1,8 @@
 """Predicted epoch and job time of one job on one cluster shape, from a profile of measured costs.
 
 Each algorithm's communication is priced from what it really sends (shoal.algorithms): sync an
-all-reduce of the gradients every step; averaging and synchronous EASGD an all-reduce of the
+exchange of the gradients every step, in buckets, compressed and overlapped with the backward pass
+as its options say (shoal.plan.exchange); averaging and synchronous EASGD an all-reduce of the
 weights every period, within groups every group period; Downpour and asynchronous EASGD a
 message to the server and a reply every `sync_every` (or `period`) steps, the server being a
 queue its trainers share. An epoch is `steps x per-step cost + per-epoch cost`, so the same
@@ -22,11 +23,16 @@ from dataclasses import dataclass
 
 from shoal.config import GROUP_BY_MACHINE
 from shoal.plan.costs import Line, closed_queue, hierarchical_all_reduce, ring_all_reduce
+from shoal.plan.exchange import BACKWARD_SHARE, STEP_MULTIPLY_ADDS, StepExchange, SyncOptions, Topology, step_exchange
 from shoal.plan.profile import Compute, Network
 
 VALUE_BYTES = 4  # float32 on the wire
 HEADER_BYTES = 64  # a server message's header (shoal.cluster.messages)
 RENDEZVOUS_MESSAGES = 4  # store round trips each node makes to join
+# The coordinator's evaluation between epochs over the probe's, timed back to back: 1.07-1.67x (median 1.29) over
+# two runs of the digits example's 3 epochs (100k test rows) on an emulated host of a 2-core VM,
+# benchmarks/results/2026-11-28-2core-cpu-link-efficiency.md: it runs after an epoch of other work.
+EVALUATION_COLD = 1.3
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class Shape:
     """cluster.groups: a count, or "machine" (one group of each machine's workers)."""
     balance: str = "equal"
     """How the epoch's rows are shared among the trainers: "equal", or "speed" (in proportion to their speeds)."""
+    parameter_shapes: tuple[tuple[int, ...], ...] = ()
+    """Each trainable parameter's shape (what PowerSGD can factor); empty: priced as one vector."""
 
 
 @dataclass(frozen=True)
@@ -198,16 +206,25 @@ def ring(size: float, layout: Layout, network: Network) -> float:
 
 
 def sync_costs(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepCosts:
-    """An all-reduce of every gradient (and a row count) after each backward pass."""
-    size = (shape.parameters + 1) * VALUE_BYTES
-    exchange = ring_all_reduce(size, layout.workers)
-    buffers = ring(shape.buffers * VALUE_BYTES, layout, network) if shape.buffers else 0.0
+    """The gradients (and a row count) exchanged in buckets after each backward pass, or during it with
+    overlap, as the job's compression sends them (shoal.plan.exchange); only the wait counts as communication."""
+    step = compute.step(shape.batch)
     if layout.workers <= 1:
-        return StepCosts(compute=compute.step(shape.batch))
-    reduce = ring(size, layout, network) + spread(compute, layout.workers)
-    return StepCosts(compute=compute.step(shape.batch) + 3 * copy_seconds(compute, shape.parameters)
-                     + compute.resume(reduce), round=reduce, round_bytes=exchange.bytes_sent,
-                     epoch_communication=buffers)
+        return StepCosts(compute=step)
+    exchange = sync_exchange(shape, layout, compute, network)
+    options = SyncOptions.of(shape.options)
+    buffers = ring(shape.buffers * VALUE_BYTES, layout, network) if shape.buffers else 0.0
+    wait = exchange.exposed(BACKWARD_SHARE * step, options.overlap) + spread(compute, layout.workers)
+    return StepCosts(compute=step + 3 * copy_seconds(compute, shape.parameters) + exchange.compute
+                     + compute.resume(wait), round=wait, round_bytes=exchange.bytes_sent, epoch_communication=buffers)
+
+
+def sync_exchange(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepExchange:
+    """One step's exchange of `shape`'s gradients under its [algorithm] options."""
+    multiply_add = compute.step(shape.batch) / (STEP_MULTIPLY_ADDS * shape.batch * max(shape.parameters, 1))
+    return step_exchange(shape.parameters, shape.parameter_shapes, SyncOptions.of(shape.options),
+                         Topology(layout.nodes, layout.per_node, network.across, network.inside),
+                         multiply_add=multiply_add, copy_per_value=compute.copy_seconds_per_byte * VALUE_BYTES)
 
 
 def averaging_costs(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepCosts:
@@ -339,7 +356,7 @@ def predict(shape: Shape, layout: Layout, compute: Compute, network: Network) ->
     communication = steps * costs.communication + costs.rounds(steps) * costs.round + costs.epoch_communication
     epoch = compute_seconds + communication
     evaluations = len([e for e in range(1, shape.epochs + 1) if e % shape.eval_every == 0 or e == shape.epochs])
-    evaluation = shape.test_rows * evaluate_seconds_per_row  # on rank 0, the first machine
+    evaluation = shape.test_rows * evaluate_seconds_per_row * EVALUATION_COLD  # on rank 0, the first machine
     joining = RENDEZVOUS_MESSAGES * network.across.latency * layout.nodes * (layout.nodes > 1)
     startup = compute.startup_seconds + compute.startup_per_node * layout.nodes + joining
     load = (shape.rows / count) / compute.load_rows_per_second

@@ -1,4 +1,4 @@
-"""A plan as the terminal shows it (one table, crossovers, the recommendation) and as curves in a PNG.
+"""A plan as the terminal shows it (one table, crossovers, the recommendations) and as curves in a PNG.
 
 On machines of different speeds the table gains a `shares` column: each algorithm on each node count
 twice, with equal shares (the slowest machine sets the pace) and with speed shares."""
@@ -56,6 +56,8 @@ def render(plan: Plan, profile: Profile, per_node: int) -> str:
             lines.append(f"  {algorithm}: " + ", ".join(f"{nodes} nodes from {rows_text(rows)}"
                                                          for nodes, rows in found.items()))
     lines += ["", f"recommended: {plan.recommendation}"]
+    if plan.compression:
+        lines.append(f"compression: {plan.compression}")
     return "\n".join(lines)
 
 

@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from shoal.algorithms import options_class
 from shoal.cluster.collectives import Communicator
 from shoal.data import leftovers
 from shoal.data.format import META_FILE, Dataset
@@ -464,10 +465,20 @@ def check_resumable(run_dir: Path, job, spec: dict, train_set: Dataset, world_si
             continue
         recorded = written.get("fingerprint", {})
         changed = next((key for key in recorded if key in wanted and key not in RESHARDED
-                        and recorded[key] != wanted[key]), None)
+                        and _differs(key, recorded[key], wanted[key])), None)
         if changed is not None:
             raise _refusal(changed, recorded[changed], wanted[changed], path)
         return
+
+
+def _differs(key: str, old, new) -> bool:
+    """Whether a fingerprint's value changed. An option of the same algorithm that the checkpoints do not name
+    (added to shoal since they were written, or left out as None) counts as its default, what they ran with."""
+    if key != "algorithm" or not isinstance(old, dict) or old.get("name") != new.get("name"):
+        return old != new
+    defaults = {field.name: field.default for field in dataclasses.fields(options_class(new["name"]))}
+    return any(old.get(option, defaults.get(option)) != new.get(option, defaults.get(option))
+               for option in old.keys() | new.keys())
 
 
 def _refusal(key: str, old, new, path: Path) -> ConfigError:

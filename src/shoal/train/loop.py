@@ -114,12 +114,15 @@ class Trainer:
         with self.autocast():
             outputs = self.model(inputs)
         loss = self.objective(outputs.float(), labels)
+        done = step_in_epoch + 1
+        # the update follows this batch (groups of accumulated batches end with the epoch too)
+        final = not self.accumulate or done % self.accumulate == 0 or done == self.loader.steps
+        self.algorithm.before_backward(1.0 if self.accumulate else float(rows), self.group_rows + rows, final)
         (loss * rows if self.accumulate else loss).backward()  # summed over the group, then its mean
         self.group_rows += rows
         self.global_step += 1
-        done = step_in_epoch + 1
         crossed = self.algorithm_steps(step_in_epoch)
-        if not self.accumulate or done % self.accumulate == 0 or done == self.loader.steps:  # groups end with epochs
+        if final:
             self.update(len(crossed))
         for step in crossed:
             self.algorithm.after_step(step)

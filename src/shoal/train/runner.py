@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shoal.algorithms import Role, ServerAlgorithm, make_algorithm, role, trainer_ranks
+from shoal.algorithms import Algorithm, Role, ServerAlgorithm, make_algorithm, role, trainer_ranks
 from shoal.algorithms.groups import machine_groups
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import DistInfo, choose_device
@@ -70,6 +70,7 @@ class Runner:
         self.coordinator: Coordinator | None = None
         self.heartbeat: Heartbeat | None = None
         self.loader: ShardLoader | None = None
+        self.algorithm: Algorithm | None = None
         self.first_epoch = 0  # 0, or the epoch of the checkpoint this run resumes from
 
     def run(self) -> dict:
@@ -107,6 +108,7 @@ class Runner:
         self.schedule = make_schedule(job.train.scheduler, self.optimizer)
         groups = machine_groups(self.hosts) if job.cluster.groups == GROUP_BY_MACHINE else job.cluster.groups
         self.algorithm = make_algorithm(job.algorithm.name, job.algorithm.options, groups)
+        self.algorithm.machines, self.algorithm.seed = machine_groups(self.hosts), job.train.seed
         check_world_size(job, info.world_size, self.prepared.train_set, self.algorithm)
         self.trainers = trainer_ranks(self.algorithm, info.world_size)
         self.role = role(self.algorithm, info.rank, info.world_size)
@@ -307,6 +309,8 @@ class Runner:
             self.loader.close()
         if self.coordinator is not None:
             self.coordinator.close()
+        if self.algorithm is not None:
+            self.algorithm.close()
 
 
 def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resume: bool = False,

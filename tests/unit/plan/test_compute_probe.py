@@ -7,10 +7,12 @@ import contextlib
 import time
 import types
 
+import numpy as np
 import torch
 
 from shoal.plan import compute_probe
 from shoal.plan.compute_probe import cold_steps, resume_table, timed_loop, update_work
+from shoal.train.objective import Objective
 from tests.unit.plan.test_predict import compute
 
 
@@ -167,16 +169,18 @@ class RowsModel(torch.nn.Module):
 
 def evaluation_probe(rows: int, per_row: float):
     """What evaluate_per_row reads of a ComputeProbe: its loader's rows and its model."""
-    loader = types.SimpleNamespace(rows=rows, features=torch.zeros(rows, 2), labels=torch.zeros(rows),
-                                   to_tensors=lambda features, labels: (features, labels))
-    probe = types.SimpleNamespace(loader=loader, model=RowsModel(per_row))
+    loader = types.SimpleNamespace(rows=rows, features=np.zeros((rows, 2), np.float32), labels=np.zeros(rows, np.int64),
+                                   to_tensors=lambda features, labels: (torch.from_numpy(features),
+                                                                        torch.from_numpy(labels)))
+    probe = types.SimpleNamespace(loader=loader, model=RowsModel(per_row),
+                                  prepared=types.SimpleNamespace(objective=Objective("cross_entropy", 2)))
     probe.evaluate_rows = lambda: compute_probe.ComputeProbe.evaluate_rows(probe)
     return probe
 
 
 def test_a_slow_forward_is_timed_on_fewer_rows_than_evaluation_takes():
     """0.2 ms a row: 8192 rows would take 1.6 s; at most 2,500 take the 0.5 s allowed, priced from 256 rows (a
-    sleep overshoots, never falls short)."""
+    sleep overshoots, never falls short), each timing a whole evaluation of them: forward, loss and metrics."""
     probe = evaluation_probe(20_000, per_row=0.0002)
     probe.model.train()
     per_row = compute_probe.ComputeProbe.evaluate_per_row(probe)

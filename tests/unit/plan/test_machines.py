@@ -12,7 +12,7 @@ from shoal.errors import ConfigError
 from shoal.plan.command import planned_counts
 from shoal.plan.machines import check_models, machine_counts, machine_speeds, parse_machines
 from shoal.plan.planner import make_plan
-from shoal.plan.predict import Layout, predict, slowest_pace
+from shoal.plan.predict import EVALUATION_COLD, Layout, predict, slowest_pace
 from shoal.plan.profile import Profile
 from shoal.plan.render import machines_text, render
 from tests.unit.plan.test_predict import ACROSS, INSIDE, NETWORK, compute, shape
@@ -70,7 +70,7 @@ def test_a_machines_workers_share_its_speed_and_a_server_on_the_first_machine_is
         assert found.compute_seconds == pytest.approx(expected.compute_seconds)
         assert found.epoch_seconds == pytest.approx(expected.epoch_seconds)
         # rank 0 evaluates, on the machine a quarter as fast
-        assert found.evaluation_seconds == pytest.approx(1000 * 1e-5 / 0.25)
+        assert found.evaluation_seconds == pytest.approx(1000 * 1e-5 * EVALUATION_COLD / 0.25)
 
 
 def test_a_machines_pace_that_moves_comes_on_top_of_its_speed():

@@ -1,9 +1,13 @@
-"""The straight line a link's measured points are priced by (shoal.plan.network_probe.fit), on hand-made points."""
+"""The straight line a link's measured points are priced by (shoal.plan.network_probe.fit), on hand-made points,
+and a link known only by its nominal rate."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from shoal.plan.calibrate import described_network, reached_share
 from shoal.plan.network_probe import fit
 from shoal.plan.render import link_text
 
@@ -33,3 +37,17 @@ def test_a_cost_that_does_not_grow_with_size_gives_the_bandwidth_the_largest_mes
     assert link.seconds(262144) == pytest.approx(1.8e-3)  # measured points are still priced as measured
     assert link.seconds(2 * 262144) == pytest.approx(2 * 1.8e-3)  # beyond them, that bandwidth adds
     assert "1,165.1 Mbit/s" in link_text(link)
+
+
+def test_a_link_given_by_its_nominal_rate_is_priced_at_the_share_shoals_exchange_reached():
+    """100 Mbit/s is 12.5 MB/s on the wire; shoal's all-reduces reached 70% of it on the emulated link. Between the
+    measured rates the share goes in log rate (300 Mbit/s: 0.477 of the way from 100 to 1000), and beyond them
+    stays the nearest one's."""
+    link = described_network("100mbit", "0.1ms").across
+    assert link.latency == pytest.approx(1e-4)
+    assert link.bandwidth == pytest.approx(12.5e6 * 0.70)
+    assert link.seconds(63_620) == pytest.approx(1e-4 + 63_620 / 8.75e6)
+    assert reached_share(300e6) == pytest.approx(0.70 + math.log10(3) * (0.55 - 0.70))
+    assert reached_share(10e9) == 0.55 and reached_share(1e6) == 0.80
+    assert "priced at 70% of the rate" in described_network("100mbit", "0.1ms").source
+    assert "70.0 Mbit/s" in link_text(link)

@@ -8,8 +8,9 @@ import pytest
 
 from shoal.plan.costs import Link
 from shoal.plan.planner import make_plan, rows_text
-from shoal.plan.predict import Layout, Shape, predict, slowest_pace
+from shoal.plan.predict import EVALUATION_COLD, Layout, Shape, predict, slowest_pace
 from shoal.plan.profile import Compute, Network, Profile
+from shoal.plan.render import render
 
 ACROSS = Link(latency=1e-3, bandwidth=1e6)
 INSIDE = Link(latency=1e-5, bandwidth=1e9)
@@ -36,14 +37,17 @@ def test_one_worker_is_its_steps_and_nothing_else():
     assert found.steps == 100
     assert found.epoch_seconds == pytest.approx(100 * 0.01)
     assert found.communication_seconds == 0
-    assert found.job_seconds == pytest.approx(5.0 + 10_000 / 1e5 + 3 * 1.0 + 3 * 1000 * 1e-5)
+    # evaluation after an epoch's work: the probe's (back to back) times EVALUATION_COLD
+    assert found.evaluation_seconds == pytest.approx(1000 * 1e-5 * EVALUATION_COLD)
+    assert found.job_seconds == pytest.approx(5.0 + 10_000 / 1e5 + 3 * 1.0 + 3 * 1000 * 1e-5 * EVALUATION_COLD)
 
 
 def test_sync_pays_a_ring_all_reduce_of_the_gradients_every_step():
     found = predict(shape(), Layout(2, 1), compute(), NETWORK)
-    size = (999 + 1) * 4  # the gradients and the row count
+    size = 999 * 4  # the gradients: one bucket after the backward pass ("auto" is priced as a CPU worker's)
     reduce = 2 * (1e-3 + size / 2 / 1e6)
     assert found.steps == 50
+    # the row count rides in the bucket: no collective of its own
     assert found.communication_seconds == pytest.approx(50 * reduce)
     assert found.epoch_seconds == pytest.approx(50 * (0.01 + reduce))
     assert found.bytes_per_epoch == pytest.approx(50 * size)
@@ -106,7 +110,7 @@ def test_downpour_with_one_trainer_waits_for_both_messages_and_the_servers_step(
 
 def test_a_worker_back_from_a_wait_pays_its_cold_start_in_compute():
     cold = compute(resume_seconds={0.001: 0.0002, 0.1: 0.004})
-    size = (999 + 1) * 4
+    size = 999 * 4
     reduce = 2 * (1e-3 + size / 2 / 1e6)  # 6 ms: between the measured waits
     resume = 0.0002 + math.log(reduce / 0.001) / math.log(100) * 0.0038
     found = predict(shape(), Layout(2, 1), cold, NETWORK)
@@ -171,3 +175,36 @@ def test_a_link_bound_cluster_is_told_a_batch_that_brings_communication_under_ha
     timed = compute(step_seconds={100: 0.01, 200: 0.02, 400: 0.04})
     plan = make_plan([shape("sync")], [2], 1, Profile(compute=timed, network=slow))
     assert plan.recommendation.endswith("batch 400 brings it under 50% (check the accuracy)"), plan.recommendation
+
+
+PERCEPTRON = ((40, 784), (40,), (10, 40), (10,))  # 31,810 parameters, 127 kB of gradients: one bucket
+
+
+def test_a_sync_plan_that_waits_on_the_link_recommends_a_compression_with_each_ones_epoch():
+    """2 nodes on 1 MB/s, 50 steps of 10 ms: exact sends 2 x 63.6 kB a step (0.129 s), bf16 half of it (0.066 s)
+    after the row count's own all-reduce,
+    powersgd 2 x 0.5 kB then 2 x 6.6 kB (0.018 s) and adds 4nmr + nr^2 multiply-adds at a step's rate per
+    multiply-add (10 ms / (3 x 100 rows x 31,810))."""
+    perceptron = shape("sync", parameters=31_810, parameter_shapes=PERCEPTRON)
+    slow = Network(across=Link(1e-3, 1e6), inside=INSIDE, source="test")
+    plan = make_plan([perceptron], [1, 2], 1, Profile(compute=compute(parameters=31_810), network=slow))
+    exact = 50 * (0.01 + 2 * (1e-3 + 0.06362))
+    half = 50 * (0.01 + 2 * (1e-3 + 0.03181) + 2 * (1e-3 + 4e-6))  # and the row count's own all-reduce
+    multiply_adds = 4 * 40 * 784 * 4 + 40 * 16 + 4 * 10 * 40 * 4 + 10 * 16
+    powersgd = 50 * (0.01 + multiply_adds * 0.01 / (3 * 100 * 31_810) + 2 * (1e-3 + 0.0005) + 2 * (1e-3 + 0.006592))
+    assert plan.compression == (
+        f"exact sync on 2 node(s) waits {exact - 0.5:.2f} s an epoch for the link against 0.50 s of compute: "
+        f'algorithm.compression = "powersgd" would take {powersgd:.2f} s an epoch (bf16 {half:.2f} s, powersgd '
+        f"{powersgd:.2f} s, exact {exact:.2f} s); powersgd changes the steps (check the accuracy), bf16 rounds the "
+        "gradients to 8 significant bits")
+    text = render(plan, Profile(machine={"host": "here"}, compute=compute(parameters=31_810), network=slow), 1)
+    assert f"\ncompression: {plan.compression}" in text and plan.to_dict()["compression"] == plan.compression
+
+
+def test_a_sync_plan_whose_compute_outlasts_the_exchange_recommends_no_compression():
+    perceptron = shape("sync", parameters=31_810, parameter_shapes=PERCEPTRON)
+    fast = Network(across=Link(1e-5, 1e9), inside=INSIDE, source="test")  # 84 µs a step against 10 ms of compute
+    plan = make_plan([perceptron], [1, 2], 1, Profile(compute=compute(parameters=31_810), network=fast))
+    assert plan.compression == ""
+    text = render(plan, Profile(machine={"host": "here"}, compute=compute(parameters=31_810), network=fast), 1)
+    assert "compression:" not in text

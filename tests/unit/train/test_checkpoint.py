@@ -253,7 +253,7 @@ def test_fingerprint_names_what_a_resumed_job_must_share(data):
         "cluster.workers": 2,
         "cluster.groups": 1,
         "cluster.balance": "equal",
-        "algorithm": {"name": "averaging", "period": "epoch"},
+        "algorithm": {"name": "averaging", "period": "epoch", "compression": "none", "compression_rank": 4},
         "model": SPEC,
         "train.optimizer.name": "adam",
         "train.batch_size": 16,

@@ -286,3 +286,15 @@ def test_a_checkpoint_is_on_disk_before_it_is_renamed_and_before_older_ones_go(t
         assert all(rest.index(event) > on_disk for event in removed)
     assert ("rename", str(root / "epoch-00001"), str(root / ".epoch-00001.old")) in events
     assert sorted(path.name for path in root.iterdir()) == ["epoch-00002"]
+
+
+def test_an_algorithm_option_added_since_counts_as_its_default(tmp_path, train_set):
+    """Checkpoints written before algorithm.compression existed ran without it: they resume while the job
+    leaves it at "none", and are refused when it asks for a compression."""
+    previous = fingerprint(job(), SPEC, train_set, 1)
+    previous["algorithm"] = {key: value for key, value in previous["algorithm"].items()
+                             if key not in ("compression", "compression_rank")}
+    save_with_fingerprint(tmp_path, 1, previous)
+    check_resumable(tmp_path, job(), SPEC, train_set, 1)
+    with pytest.raises(ConfigError, match=r"^algorithm: the checkpoints in .* another value"):
+        check_resumable(tmp_path, job(algorithm={"name": "averaging", "compression": "bf16"}), SPEC, train_set, 1)
