@@ -41,8 +41,9 @@ class SyncOptions:
     """Exchange buckets of gradients while the backward pass computes the rest: true, false, or "auto": where the
     exchange has a processor of its own to run on (a GPU computes, or the worker has a core beyond its compute
     threads). On a one-core host the exchange's copies and the network stack's work share the core with the
-    backward pass: a 2.66M-parameter MLP's epoch took 11.4 s overlapped against 8.7 s after the backward pass
-    (benchmarks/results/2026-11-28-2core-cpu-comm.md)."""
+    backward pass: at 1 Gbit/s a 2.66M-parameter MLP's epoch took 11.4 s overlapped against 8.7 s (back to back)
+    and 8.77 against 8.45 s in benchmarks/results/2026-11-28-2core-cpu-comm.md, where at 100 Mbit/s overlap
+    was the faster (60.4 against 72.6 s, inside that link's run-to-run spread of about 15%)."""
     bucket_mb: float | None = None
     """Megabytes of gradients per bucket (default: an eighth of the model's, between 0.25 and 8)."""
     hierarchical: bool = True
