@@ -3,11 +3,11 @@
 Each algorithm's communication is priced from what it really sends (shoal.algorithms): sync an
 exchange of the gradients every step, in buckets, compressed and overlapped with the backward pass
 as its options say (shoal.plan.exchange); averaging and synchronous EASGD an all-reduce of the
-weights every period, within groups every group period; Downpour and asynchronous EASGD a
-message to the server and a reply every `sync_every` (or `period`) steps, the server being a
-queue its trainers share. An epoch is `steps x per-step cost + per-epoch cost`, so the same
-numbers give the table's epoch and the straight line in dataset size whose crossings are the
-cluster sizes worth paying for.
+weights every period (compressed, as `algorithm.compression` says), within groups every group
+period; Downpour and asynchronous EASGD a message to the server and a reply every `sync_every` (or
+`period`) steps, the server being a queue its trainers share. An epoch is `steps x per-step cost +
+per-epoch cost`, so the same numbers give the table's epoch and the straight line in dataset size
+whose crossings are the cluster sizes worth paying for.
 
 Machines may differ (`Layout.speeds`): with equal shares the slowest trainer sets the epoch's pace
 (rows / trainers at its rate), with speed shares (cluster.balance = "speed") every trainer's share
@@ -23,7 +23,15 @@ from dataclasses import dataclass
 
 from shoal.config import GROUP_BY_MACHINE
 from shoal.plan.costs import Line, closed_queue, hierarchical_all_reduce, ring_all_reduce
-from shoal.plan.exchange import BACKWARD_SHARE, STEP_MULTIPLY_ADDS, StepExchange, SyncOptions, Topology, step_exchange
+from shoal.plan.exchange import (
+    BACKWARD_SHARE,
+    STEP_MULTIPLY_ADDS,
+    StepExchange,
+    SyncOptions,
+    Topology,
+    payloads,
+    step_exchange,
+)
 from shoal.plan.profile import Compute, Network
 
 VALUE_BYTES = 4  # float32 on the wire
@@ -248,9 +256,10 @@ def _rounds(shape: Shape, layout: Layout, compute: Compute, network: Network, va
     if layout.workers <= 1:
         return StepCosts(compute=step)
     size = values * VALUE_BYTES
-    round_seconds = ring(size, layout, network)
+    sizes = round_payloads(shape, values)  # a round across all workers, compressed as the job says
+    round_seconds = sum(ring(part, layout, network) for part in sizes)
     round_copies = extra_copies * copy_seconds(compute, values)
-    sent = ring_all_reduce(size, layout.workers).bytes_sent
+    sent = sum(ring_all_reduce(part, layout.workers).bytes_sent for part in sizes)
     period, group_period = shape.options.get("period", "epoch"), shape.options.get("group_period")
     if group_period is not None:
         inside = Layout(1, max(1, layout.workers // max(1, group_count(shape, layout))))
@@ -268,6 +277,19 @@ def _rounds(shape: Shape, layout: Layout, compute: Compute, network: Network, va
                          epoch_communication=round_seconds + wait, epoch_bytes=sent)
     return StepCosts(compute=step + (round_copies + compute.resume(round_seconds + wait)) / period,
                      communication=communication, round=round_seconds + wait, period=period, round_bytes=sent)
+
+
+def round_payloads(shape: Shape, values: int) -> list[float]:
+    """Bytes of each all-reduce of a round across all workers: `values` fp32 numbers, or what `algorithm.compression`
+    sends of them (averaging's differences from the consensus, EASGD's elastic differences; buffers as vectors)."""
+    compression = shape.options.get("compression", "none")
+    if compression == "none":
+        return [float(values * VALUE_BYTES)]
+    shapes = shape.parameter_shapes or ((shape.parameters,),)
+    if values > shape.parameters:
+        shapes = (*shapes, (values - shape.parameters,))
+    options = SyncOptions(compression=compression, rank=int(shape.options.get("compression_rank", 4)))
+    return payloads(shapes, options)
 
 
 def server_costs(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepCosts:

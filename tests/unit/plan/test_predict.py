@@ -208,3 +208,26 @@ def test_a_sync_plan_whose_compute_outlasts_the_exchange_recommends_no_compressi
     assert plan.compression == ""
     text = render(plan, Profile(machine={"host": "here"}, compute=compute(parameters=31_810), network=fast), 1)
     assert "compression:" not in text
+
+
+def test_averaging_and_easgd_rounds_are_priced_as_their_compression_sends_them():
+    """Averaging once an epoch on 2 nodes at 1 MB/s, the perceptron's 127 kB of weights: exact a ring all-reduce of
+    them; bf16 of half; powersgd (rank 4) of the P's (40 x 4 and 10 x 4) with the biases, then the Q's (784 x 4 and
+    40 x 4). Synchronous EASGD's elastic round (every 4 steps) the same way."""
+    def epoch(algorithm: str, compression: str, **options) -> float:
+        found = predict(shape(algorithm, parameters=31_810, parameter_shapes=PERCEPTRON,
+                              options={"compression": compression, **options}),
+                        Layout(2, 1), compute(parameters=31_810), NETWORK)
+        return found.communication_seconds
+
+    def ring_of(size: float) -> float:
+        return 2 * (1e-3 + size / 2 / 1e6)
+
+    exact = ring_of(31_810 * 4)
+    assert epoch("averaging", "none") == pytest.approx(exact)
+    assert epoch("averaging", "bf16") == pytest.approx(ring_of(31_810 * 2))
+    first, second = (4 * 40 + 40 + 4 * 10 + 10) * 4, (4 * 784 + 4 * 40) * 4
+    assert epoch("averaging", "powersgd") == pytest.approx(ring_of(first) + ring_of(second))
+    rounds = epoch("easgd", "none", synchronous=True) / exact  # every 4 of the epoch's 50 steps, and at its end
+    assert rounds == pytest.approx(13)
+    assert epoch("easgd", "powersgd", synchronous=True) == pytest.approx(rounds * (ring_of(first) + ring_of(second)))
