@@ -39,7 +39,8 @@ NAMES = ("none", "bf16", "fp16", "powersgd")
 
 
 class Compressor:
-    """Sums a bucket over the ranks of a communicator; subclasses choose what travels."""
+    """Sums a bucket over the ranks of a communicator; subclasses choose what travels (by default: everything,
+    exact)."""
 
     name = "none"
 
@@ -48,7 +49,7 @@ class Compressor:
         """Replace `flat` (this rank's contribution: the tensors of `shapes`, in order) by the sum over `comm`'s
         ranks. State such as error feedback is kept per tensor, under `names` (one per shape: the same tensor
         whatever bucket it travels in) or else "`key`.i"."""
-        raise NotImplementedError
+        comm.all_reduce_sum_(flat)
 
     def wire_numbers(self, shapes: Sequence[torch.Size]) -> tuple[int, int]:
         """(numbers a rank contributes to the bucket's exchange, bytes per number): what the planner prices."""
@@ -65,12 +66,7 @@ class Compressor:
 
 
 class Exact(Compressor):
-    """An all-reduce of the fp32 numbers: the exact sum."""
-
-    name = "none"
-
-    def sum_(self, flat, shapes, key, comm, names=None) -> None:
-        comm.all_reduce_sum_(flat)
+    """An all-reduce of the fp32 numbers: the exact sum (the base class's)."""
 
 
 class HalfPrecision(Compressor):

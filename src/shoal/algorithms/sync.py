@@ -69,6 +69,7 @@ class SynchronousSGD(CollectiveAlgorithm):
 
     def __init__(self, options=None, groups=1):
         super().__init__(options, groups)
+        # its state exists before setup (a checkpoint may be read first); setup makes it again from the job's seed
         self.compressor = make_compressor(self.options.compression, self.options.compression_rank)
         self.exchange: GradientExchange | None = None
         self.resynchronized = 0  # epochs whose end found replicas apart (never, where every CPU rounds alike)
