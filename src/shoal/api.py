@@ -15,6 +15,7 @@ from shoal.cluster.env import threads_per_worker
 from shoal.cluster.node import forkserver
 from shoal.cluster.node.rendezvous import Nodes
 from shoal.cluster.node.supervisor import Plan, supervise
+from shoal.code import job_code
 from shoal.config import GROUP_BY_MACHINE, ClusterConfig, JobConfig, apply_overrides, node_range, parse_override
 from shoal.data.balance import equal_plan
 from shoal.data.source import readable_here
@@ -27,9 +28,11 @@ from shoal.fit_inputs import (
     apply_arguments,
     base_table,
     check_data_kept,
+    code_arguments,
     datasets_on_disk,
     model_table,
     ship_callbacks,
+    ship_code,
     ship_model,
 )
 from shoal.jobs import from_dict, load_job
@@ -163,9 +166,9 @@ def _hold(run_dir: Path, nodes: Nodes) -> contextlib.AbstractContextManager:
 def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=None, test=None,
         label: str | None = None, workers: int | None = None, algorithm: str | dict | None = None,
         epochs: int | None = None, batch_size: int | None = None, optimizer: str | dict | None = None,
-        loss: str | None = None, stop: dict | None = None, callbacks: list | None = None,
-        run_dir: str | Path | None = None,
-        overrides=(), max_restarts: int = 0, **sections) -> FitResult:
+        loss=None, step=None, transform=None, scheduler=None, metrics: dict | None = None,
+        validation_split: float | None = None, stop: dict | None = None, callbacks: list | None = None,
+        run_dir: str | Path | None = None, overrides=(), max_restarts: int = 0, **sections) -> FitResult:
     """Train and return the results: a job (a job file, a dict shaped like one, a JobConfig), or the job
     told in arguments, or both (the arguments win).
 
@@ -178,14 +181,28 @@ def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=N
     dataset for the job and removed after. `algorithm` and `optimizer`: a name or a table; `stop`: the
     `train.stop` table; `sections`: any other part of the job as a dict (`cluster={"threads": 1}`,
     `checkpoint={"every": 0}`; the `[train]` section's other keys go in `job` or `overrides`, since
-    `train` names the data). `callbacks`: objects whose `on_epoch_end(epoch, metrics)` the coordinator
-    calls after each epoch (metrics: `train_loss`, `test_<name>` when evaluated); a True return stops
-    the job there, every worker together. With `max_restarts`, failed workers are
-    restarted from the newest checkpoint that many times.
+    `train` names the data).
+
+    Your own code, sent to the workers by value as the model is (or named 'package.module:function'):
+    `step(model, batch)` returns the batch's loss, or a dict with "loss" and numbers to log (batch: what
+    the data yields, `(inputs, labels)` or a dict of fields; shoal keeps backward, accumulation, clipping
+    and the algorithm's exchange); `loss` may be a callable of (outputs, labels); `transform(batch)`
+    changes every training batch on its worker, every epoch (seeded per worker, epoch and step);
+    `scheduler(optimizer)` builds a learning-rate scheduler (stepped per epoch; `scheduler={"factory":
+    function, "interval": "step"}` per step); `metrics`: {name: metric(outputs, labels) or an object with
+    update/compute/reset (torchmetrics)}, computed on the test set. `validation_split`: each worker holds
+    out this share of its rows and reports metrics on them every epoch.
+
+    `callbacks`: objects with any of `on_epoch_end(epoch, metrics[, model])` (after each epoch; metrics:
+    `train_loss`, `test_<name>` when evaluated; a True return stops the job there, every worker
+    together), `on_step(step, loss)` and `on_train_end(metrics, model)`, called by the coordinator (the
+    model: the consensus model). With `max_restarts`, failed workers are restarted from the newest
+    checkpoint that many times.
     """
     arguments = {"epochs": epochs, "batch_size": batch_size, "optimizer": optimizer, "loss": loss, "stop": stop,
-                 "algorithm": algorithm}
+                 "algorithm": algorithm, "validation_split": validation_split}
     table = apply_arguments(base_table(job), arguments, sections)
+    code = code_arguments(table, step=step, loss=loss, transform=transform, scheduler=scheduler, metrics=metrics)
     shipped = model_table(model)
     if shipped is not None:
         table["model"] = shipped
@@ -200,10 +217,11 @@ def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=N
         directory = new_run_dir(config, run_dir)
         # the same process tree as `shoal train`: a fork server imports the workers while this process
         # reads the data; a job refused by its arguments above started none
-        with forkserver.serving() as server, _removed_unless_started(directory), \
+        with forkserver.serving() as server, _removed_unless_started(directory, list(code)), \
                 EpochRelay(directory) if relay else contextlib.nullcontext():
             if config.model.object == PENDING:  # named relative to the run directory, where it is read from
                 config.model.object = Path(ship_model(model, directory)).name
+            ship_code(code, directory)
             start(config, directory, max_restarts=max_restarts, callbacks=ship_callbacks(callbacks, directory),
                   server=server)
     # the caller's own factory or model
@@ -211,15 +229,15 @@ def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=N
 
 
 @contextlib.contextmanager
-def _removed_unless_started(directory: Path):
-    """The files fit() writes into a new run directory before the job starts go again if it never does:
-    a job refused by its checks leaves no folder behind."""
+def _removed_unless_started(directory: Path, code: list[str]):
+    """The files fit() writes into a new run directory before the job starts (`code`: its callables' files) go
+    again if it never does: a job refused by its checks leaves no folder behind."""
     existed = directory.exists()
     try:
         yield
     except BaseException:
         if not (directory / EVENTS_FILE).exists():
-            for name in (MODEL_FILE, CALLBACKS_FILE):
+            for name in (MODEL_FILE, CALLBACKS_FILE, *code):
                 (directory / name).unlink(missing_ok=True)
             if not existed and directory.is_dir() and not any(directory.iterdir()):
                 directory.rmdir()
@@ -239,17 +257,23 @@ def named_factory(overrides) -> str | None:
 def resumed_job(run_dir: str | Path, overrides=(), trust_code: bool = False) -> JobConfig:
     """The job of a run directory to resume, with overrides applied.
 
-    Its job.toml is data anyone may have written: code it names (a model.factory, a model.object,
-    a train.loss function) is loaded (in the launcher and every worker) only when the user trusts
-    the run directory, or names that factory again in the overrides.
+    Its job.toml is data anyone may have written: code it names (a model.factory, a model.object, a
+    train.loss, train.step, data.transform, scheduler factory or metric function) is loaded (in the
+    launcher and every worker) only when the user trusts the run directory, or names that factory again
+    in the overrides.
     """
     job_file = Path(run_dir) / JOB_FILE
     if not job_file.exists():
         raise ConfigError(f"{run_dir}: no job.toml: not a shoal run directory")
     job = resolve_job(job_file, overrides)
     check_data_kept(job, str(job_file))
+    trust = trust_code or named_factory(overrides) or False
     check_trusted({"factory": job.model.factory, "object": job.model.object, "loss": job.train.loss}, str(job_file),
-                  trust_code or named_factory(overrides) or False)
+                  trust)
+    for key, reference in job_code(job):
+        if trust is not True:
+            raise ConfigError(f"{job_file}: {key} {reference!r} is code; resuming would run it: pass --trust-code "
+                              "(trust_code=True) if you trust this run directory")
     return job
 
 

@@ -112,10 +112,12 @@ def node_secret(args: argparse.Namespace) -> str | None:
 def trust_flag(job, hosts: bool = False) -> str:
     """What a resume of this job needs: a job whose model is code (a model.factory or model.object) is
     refused without --trust-code, and so is, started on `hosts`, one whose cluster.remote is not ssh's."""
+    from shoal.code import job_code
     from shoal.config import ClusterConfig
 
     remote = hosts and job.cluster.remote != ClusterConfig.remote
-    return " --trust-code" if job.model.factory or job.model.object or ":" in job.train.loss or remote else ""
+    code = job.model.factory or job.model.object or job_code(job)
+    return " --trust-code" if code or remote else ""
 
 
 def workers_for(option: str | None, job, nodes: int) -> int | None:

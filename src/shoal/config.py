@@ -21,6 +21,7 @@ from typing import Any
 
 import tomli_w
 
+from shoal.code import check_reference, is_reference
 from shoal.errors import ConfigError
 
 PROGRESS_MODES = ("auto", "bar", "lines", "none")
@@ -77,10 +78,16 @@ class DataConfig:
     cached on local disk and trained on in sub-partitions that fit. Default: no limit."""
     cache_dir: str | None = None
     """Local folder that keeps the cached shares, reused by later runs on the unchanged dataset."""
+    transform: str | None = None
+    """"package.module:function" applied to every training batch on its worker, every epoch (random
+    augmentation): it takes the batch as the data yields it and returns it changed; seeded by the job's seed,
+    the worker and the step, so a resumed job sees the same draws."""
 
     def __post_init__(self) -> None:
         if not self.train:
             raise ConfigError("data.train: required: the training dataset folder")
+        if self.transform is not None:
+            check_reference("data.transform", self.transform)
         if self.memory_per_worker is not None:
             parse_size("data.memory_per_worker", self.memory_per_worker)
 
@@ -109,6 +116,16 @@ class TrainConfig:
     loss: str = "cross_entropy"
     """cross_entropy (class logits), binary_cross_entropy (one logit), mse, a torch.nn loss class by name
     ("SmoothL1Loss", "NLLLoss", ...) or "package.module:function" taking (outputs, labels)."""
+    step: str | None = None
+    """Your own training step, "package.module:function": step(model, batch) returns the loss, or a dict with
+    "loss" and other numbers to log; batch is what the data yields ((inputs, labels), or a dict). shoal still
+    runs the backward pass, accumulation, clipping, precision and the algorithm's exchange."""
+    metrics: dict | None = None
+    """Test metrics of your own: name = "package.module:function" taking (outputs, labels) of the whole test set
+    and returning a number (or an object with update/compute/reset, as torchmetrics' are)."""
+    validation_split: float = 0.0
+    """Each training worker holds out this share of its rows (0 to < 1) and reports its model's metrics on them
+    after every epoch (in `epoch_end.validation`)."""
     seed: int = 0
     """Seeds model initialisation, shuffling and dropout: the same seed gives the same run."""
     eval_every: int = 1
@@ -148,7 +165,18 @@ class TrainConfig:
             raise ConfigError(f"train.precision: must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.clip_norm is not None and not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
             raise ConfigError(f"train.clip_norm: must be a number > 0, got {self.clip_norm!r}")
-        if not (self.loss in LOSSES or re.fullmatch(r"[\w.]+:\w+|[A-Z]\w*Loss", self.loss)):
+        if self.step is not None:
+            check_reference("train.step", self.step)
+        if self.metrics is not None:
+            for name, reference in self.metrics.items():
+                if not re.fullmatch(r"[A-Za-z_]\w*", name):
+                    raise ConfigError(f"train.metrics.{name}: a metric's name is letters, digits and _")
+                check_reference(f"train.metrics.{name}", reference)
+        if not (isinstance(self.validation_split, (int, float)) and not isinstance(self.validation_split, bool)
+                and 0 <= self.validation_split < 1):
+            raise ConfigError(f"train.validation_split: must be a share from 0 to below 1, got "
+                              f"{self.validation_split!r}")
+        if not (self.loss in LOSSES or is_reference(self.loss) or re.fullmatch(r"[A-Z]\w*Loss", self.loss)):
             raise ConfigError(f"train.loss: unknown loss {self.loss!r}; choose one of {', '.join(LOSSES)}, a torch.nn "
                               "loss class (like SmoothL1Loss) or 'package.module:function'")
         if not isinstance(self.optimizer.get("name"), str):

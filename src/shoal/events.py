@@ -41,9 +41,20 @@ class Event:
     time: float | None = None
 
     def record(self) -> dict:
-        """The record as stored: `{"event": kind, "time": ..., fields...}`; a field not known (None) is left out."""
-        fields = dataclasses.asdict(self)
-        return {KIND_KEY: self.kind, **{name: value for name, value in fields.items() if value is not None}}
+        """The record as stored: `{"event": kind, "time": ..., fields...}`; a field not known (None) is left out,
+        in its parts too (a worker's `validation` in a job without one)."""
+        fields = _known(dataclasses.asdict(self))
+        return {KIND_KEY: self.kind, **fields}
+
+
+def _known(value: Any) -> Any:
+    """`value` without the None fields of the records nested in it (dicts in lists: a record's parts)."""
+    if isinstance(value, list):
+        return [{key: item for key, item in part.items() if item is not None} if isinstance(part, dict) else part
+                for part in value]
+    if isinstance(value, dict):
+        return {name: _known(item) for name, item in value.items() if item is not None}
+    return value
 
 
 # ---------------------------------------------------------------- parts of records
@@ -82,6 +93,8 @@ class WorkerEpoch:
     """Rows per second of its own work (compute and data, not waits for others): what speed shares follow."""
     share: float = 0.0
     """Its fraction of the epoch's rows."""
+    validation: dict[str, float] | None = None
+    """With train.validation_split: its model's metrics on the rows it holds out (and `rows`, their count)."""
 
 
 @dataclass(kw_only=True)
@@ -183,6 +196,11 @@ class EpochEnd(Event):
     """cluster.balance as it shared this epoch's rows: "equal", "speed" or "fixed" (a list of speeds)."""
     next_shares: list[int] | None = None
     """With speed shares: each training worker's rows for the next epoch, when they change."""
+    train_metrics: dict[str, float] | None = None
+    """The numbers the user's training step logged (train.step), each a mean over every trainer's rows."""
+    validation: dict[str, float] | None = None
+    """With train.validation_split: the metrics on every worker's held-out rows, each worker's weighted by
+    its rows (every replica of sync is the same model; other algorithms' replicas differ)."""
 
 
 @dataclass(kw_only=True)

@@ -63,8 +63,10 @@ def apply_arguments(table: dict, arguments: dict, sections: dict) -> dict:
     if "train" in sections:
         raise ConfigError("fit: train names the training data; give the job's [train] keys in job or overrides")
     check_loss(arguments["loss"])
-    for key in ("epochs", "batch_size", "loss", "stop"):
+    for key in ("epochs", "batch_size", "stop", "validation_split"):
         set_key(table, "train", key, arguments[key])
+    if isinstance(arguments["loss"], str):  # a callable is shipped by code_arguments
+        set_key(table, "train", "loss", arguments["loss"])
     optimizer = arguments["optimizer"]
     set_key(table, "train", "optimizer", {"name": optimizer} if isinstance(optimizer, str) else optimizer)
     algorithm = arguments["algorithm"]
@@ -74,11 +76,54 @@ def apply_arguments(table: dict, arguments: dict, sections: dict) -> dict:
 
 
 def check_loss(loss: Any) -> None:
-    """A loss is named, since the job is data every worker reads: say what names are accepted."""
+    """A loss is a name or a callable (a function, or a loss object such as a weighted CrossEntropyLoss)."""
+    if loss is not None and not isinstance(loss, str) and not callable(loss):
+        raise ConfigError(f"loss: expected a name or a function of (outputs, labels), got {type(loss).__name__}: "
+                          "give a torch loss by name (cross_entropy, binary_cross_entropy, mse, or a torch.nn "
+                          "class like 'SmoothL1Loss'), a callable, or your function as 'package.module:function'")
+
+
+def code_arguments(table: dict, *, step=None, loss=None, transform=None, scheduler=None, metrics=None) -> dict:
+    """Set the job's keys for fit's code arguments; the objects to write into the run directory, by file name.
+
+    A string is a reference (`package.module:function`) the job keeps as it is; a callable travels by value,
+    as the model does, in a file of the run directory that the job names."""
+    pending: dict[str, Any] = {}
+
+    def refer(section: str, key: str, value: Any, what: str) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        stateful = section == "train.metrics" and all(hasattr(value, name) for name in ("update", "compute"))
+        if not (callable(value) or stateful):
+            raise ConfigError(f"{section}.{key}: expected {what}, got {type(value).__name__}")
+        name = f"{section}.{key}.pkl"
+        pending[name] = value
+        return name
+
+    set_key(table, "train", "step", refer("train", "step", step, "a function of (model, batch)"))
     if loss is not None and not isinstance(loss, str):
-        raise ConfigError(f"loss: expected a name, got {type(loss).__name__} {getattr(loss, '__name__', '')}".rstrip()
-                          + ": give a torch loss by name (cross_entropy, binary_cross_entropy, mse, or a torch.nn "
-                          "class like 'SmoothL1Loss'), or your function as 'package.module:function'")
+        set_key(table, "train", "loss", refer("train", "loss", loss, "a function of (outputs, labels)"))
+    set_key(table, "data", "transform", refer("data", "transform", transform, "a function of a batch"))
+    if scheduler is not None:
+        options = dict(scheduler) if isinstance(scheduler, dict) else {"factory": scheduler}
+        if "factory" in options:
+            options["factory"] = refer("train.scheduler", "factory", options["factory"],
+                                       "a function of the optimizer returning a scheduler")
+        table.setdefault("train", {})["scheduler"] = options
+    if metrics is not None:
+        if not isinstance(metrics, dict):
+            raise ConfigError(f"metrics: expected a dict of name -> metric, got {type(metrics).__name__}")
+        table.setdefault("train", {})["metrics"] = {
+            name: refer("train.metrics", str(name), metric, "a function of (outputs, labels) or a metric object")
+            for name, metric in metrics.items()}
+    return pending
+
+
+def ship_code(pending: dict[str, Any], run_dir: Path) -> None:
+    """Write each of fit's callables into the run directory, under the name the job gives it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name, value in pending.items():
+        save_object(value, run_dir / name, name.removesuffix(".pkl"))
 
 
 def model_table(model: Any) -> dict | None:
@@ -104,11 +149,16 @@ def ship_model(model: Any, run_dir: Path) -> str:
 
 
 def ship_callbacks(callbacks: list, run_dir: Path) -> Path | None:
+    """Write the callbacks into the run directory, for the coordinator; each has at least one of the hooks it
+    calls (`shoal.train.stopping`)."""
+    from shoal.train.stopping import HOOKS
+
     if not callbacks:
         return None
     for callback in callbacks:
-        if not callable(getattr(callback, "on_epoch_end", None)):
-            raise ConfigError(f"callbacks: {type(callback).__name__} has no on_epoch_end(epoch, metrics) method")
+        if not any(callable(getattr(callback, hook, None)) for hook in HOOKS):
+            raise ConfigError(f"callbacks: {type(callback).__name__} has no on_epoch_end(epoch, metrics[, model]), "
+                              "on_step(step, loss) nor on_train_end(metrics, model) method")
     run_dir.mkdir(parents=True, exist_ok=True)
     return save_object(list(callbacks), run_dir / CALLBACKS_FILE, "callbacks")
 

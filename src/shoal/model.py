@@ -283,21 +283,21 @@ def build_model(spec: dict, run_dir: str | Path | None = None) -> nn.Module:
     return from_layers(spec["input"], spec["layers"])
 
 
-def object_file(name: str, run_dir: str | Path | None) -> Path:
-    """The file that model.object names: one inside the run directory, by a name relative to it. An absolute
-    path, `..`, or a symlink out of the folder is refused: a copied run must not unpickle another's file, and
-    nothing is read from wherever the current folder happens to be."""
+def object_file(name: str, run_dir: str | Path | None, key: str = "model.object") -> Path:
+    """The file that `key` (model.object, or another key naming code shipped by value) names: one inside the run
+    directory, by a name relative to it. An absolute path, `..`, or a symlink out of the folder is refused: a
+    copied run must not unpickle another's file, and nothing is read from wherever the current folder happens
+    to be."""
     if run_dir is None:
-        raise ConfigError(f"model.object: {name!r} is read from a run directory, and none is given here")
+        raise ConfigError(f"{key}: {name!r} is read from a run directory, and none is given here")
     path, folder = Path(name), Path(run_dir)
     if not name or path.is_absolute() or ".." in path.parts:
-        raise ConfigError(f"model.object: {name!r} must name a file inside the run directory {folder}, "
-                          "relative to it")
+        raise ConfigError(f"{key}: {name!r} must name a file inside the run directory {folder}, relative to it")
     resolved = (folder / path).resolve()
     if folder.resolve() not in resolved.parents:
-        raise ConfigError(f"model.object: {folder / path} leads out of the run directory {folder}")
+        raise ConfigError(f"{key}: {folder / path} leads out of the run directory {folder}")
     if not resolved.is_file():
-        raise ConfigError(f"model.object: {folder / path}: no such file in the run directory")
+        raise ConfigError(f"{key}: {folder / path}: no such file in the run directory")
     return resolved
 
 

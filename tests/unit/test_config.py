@@ -33,6 +33,7 @@ train = "/nowhere/train"
 
 SYNC_DEFAULTS = {"compression": "none", "compression_rank": 4, "overlap": "auto", "hierarchical": True}
 COMPRESSION_DEFAULTS = {"compression": "none", "compression_rank": 4}  # averaging's and EASGD's
+AVERAGING_DEFAULTS = {**COMPRESSION_DEFAULTS, "reset_optimizer": False}  # averaging's
 
 
 def write_job(tmp_path: Path, text: str, name: str = "job") -> Path:
@@ -100,7 +101,7 @@ def test_every_section_is_read(tmp_path):
         progress = "lines"
     """))
     assert job.data.test == "/nowhere/test"
-    assert job.algorithm == AlgorithmConfig(name="averaging", options={"period": 5, **COMPRESSION_DEFAULTS})
+    assert job.algorithm == AlgorithmConfig(name="averaging", options={"period": 5, **AVERAGING_DEFAULTS})
     assert job.train == TrainConfig(
         epochs=4, batch_size=64, optimizer={"name": "adam", "lr": 0.001}, loss="mse",
         seed=7, eval_every=2, shuffle=False,
@@ -111,7 +112,7 @@ def test_every_section_is_read(tmp_path):
 
 def test_averaging_period_defaults_to_epoch(tmp_path):
     job = load_job(write_job(tmp_path, MINIMAL + '\n[algorithm]\nname = "averaging"\n'))
-    assert job.algorithm.options == {"period": "epoch", **COMPRESSION_DEFAULTS}
+    assert job.algorithm.options == {"period": "epoch", **AVERAGING_DEFAULTS}
 
 
 def test_relative_dataset_path_resolves_against_the_job_file(tmp_path, monkeypatch):
@@ -322,7 +323,7 @@ def test_config_error_is_a_shoal_error():
 def test_overrides_through_load_job(tmp_path):
     path = write_job(tmp_path, MINIMAL + '\n[train]\noptimizer = { name = "sgd", lr = 0.1, momentum = 0.9 }\n')
     job = load_job(path, overrides=["algorithm.name=averaging", "train.epochs=3", "train.optimizer.lr=0.5"])
-    assert job.algorithm == AlgorithmConfig(name="averaging", options={"period": "epoch", **COMPRESSION_DEFAULTS})
+    assert job.algorithm == AlgorithmConfig(name="averaging", options={"period": "epoch", **AVERAGING_DEFAULTS})
     assert job.train.epochs == 3
     assert job.train.optimizer == {"name": "sgd", "lr": 0.5, "momentum": 0.9}
 
@@ -349,7 +350,7 @@ def test_override_values_are_read_as_toml(tmp_path):
     assert job.train.shuffle is False
     assert job.cluster.timeout == 2.5
     assert job.train.optimizer == {"name": "adam", "lr": 0.003}
-    assert job.algorithm.options == {"period": 4, **COMPRESSION_DEFAULTS}
+    assert job.algorithm.options == {"period": 4, **AVERAGING_DEFAULTS}
 
 
 def test_later_override_wins(tmp_path):
@@ -467,7 +468,7 @@ def test_to_toml_round_trip_of_a_full_job(tmp_path):
     """
     job = load_job(write_job(tmp_path, text))
     dumped = job.to_toml()
-    assert tomllib.loads(dumped)["algorithm"] == {"name": "averaging", "period": 7, **COMPRESSION_DEFAULTS}
+    assert tomllib.loads(dumped)["algorithm"] == {"name": "averaging", "period": 7, **AVERAGING_DEFAULTS}
     (tmp_path / "copy").mkdir()
     assert load_job(write_job(tmp_path / "copy", dumped)) == job
 
@@ -482,5 +483,5 @@ def test_to_dict_leaves_out_none_and_flattens_options():
     job = from_dict({"model": {"layers": [{"dense": 2}]}, "data": {"train": "t"},
                      "algorithm": {"name": "averaging", "period": 3}})
     raw = job.to_dict()
-    assert raw["algorithm"] == {"name": "averaging", "period": 3, **COMPRESSION_DEFAULTS}
+    assert raw["algorithm"] == {"name": "averaging", "period": 3, **AVERAGING_DEFAULTS}
     assert "test" not in raw["data"] and "run_dir" not in raw["output"] and "input" not in raw["model"]

@@ -15,7 +15,7 @@ from shoal.api import resolve_job, resumed_job, start
 from shoal.cli import main
 from shoal.data.format import DatasetWriter
 from shoal.errors import ConfigError
-from shoal.fit_inputs import check_data_kept, datasets_on_disk
+from shoal.fit_inputs import check_data_kept, code_arguments, datasets_on_disk
 from shoal.train.prepare import check_optimizer, prepare
 
 ROWS = 64
@@ -64,15 +64,29 @@ def test_optimizer_values_of_the_right_type_pass():
     check_optimizer(job.train.optimizer, [torch.zeros(1, requires_grad=True)])
 
 
-def test_a_python_function_as_the_loss_says_what_is_accepted():
+def test_a_loss_that_is_neither_a_name_nor_callable_says_what_is_accepted():
+    with pytest.raises(ConfigError) as refused:
+        shoal.fit(model=[{"dense": 2}], train="unused", loss=3)
+    assert str(refused.value) == ("loss: expected a name or a function of (outputs, labels), got int: give a torch "
+                                  "loss by name (cross_entropy, binary_cross_entropy, mse, or a torch.nn class like "
+                                  "'SmoothL1Loss'), a callable, or your function as 'package.module:function'")
+
+
+def test_fits_code_arguments_become_references_to_files_in_the_run_directory():
     def my_loss(outputs, labels):
         return outputs.sum()
 
-    with pytest.raises(ConfigError) as refused:
-        shoal.fit(model=[{"dense": 2}], train="unused", loss=my_loss)
-    assert str(refused.value) == ("loss: expected a name, got function my_loss: give a torch loss by name "
-                                  "(cross_entropy, binary_cross_entropy, mse, or a torch.nn class like "
-                                  "'SmoothL1Loss'), or your function as 'package.module:function'")
+    table = {}
+    pending = code_arguments(table, step=lambda model, batch: 0, loss=my_loss, transform="augment:jitter",
+                             scheduler=lambda optimizer: None, metrics={"f1": "metrics:f1", "pr": my_loss})
+    assert table == {"train": {"step": "train.step.pkl", "loss": "train.loss.pkl",
+                               "scheduler": {"factory": "train.scheduler.factory.pkl"},
+                               "metrics": {"f1": "metrics:f1", "pr": "train.metrics.pr.pkl"}},
+                     "data": {"transform": "augment:jitter"}}
+    assert set(pending) == {"train.step.pkl", "train.loss.pkl", "train.scheduler.factory.pkl",
+                            "train.metrics.pr.pkl"}
+    with pytest.raises(ConfigError, match=r"^train.step: expected a function of \(model, batch\), got int$"):
+        code_arguments({}, step=3)
 
 
 def test_version(capsys):

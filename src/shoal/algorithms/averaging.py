@@ -30,6 +30,14 @@ as large as many steps' moves (about ten times the error, measured over a few ro
 low-rank approximation of each matrix's share and adds what it left out to the rank's next round, so it is
 delayed, not lost. Rounds within a group (a machine or a rack) stay exact; with one group, its rounds are
 every worker's and are compressed. "none" is the exact all-reduce of the weights above, unchanged.
+
+With `reset_optimizer = true` the optimizer starts afresh after every round, as Kennedy et al.'s Parallel SGD
+does when it compiles the model again each round: its per-parameter state (momentum buffers, Adam's moments and
+step counts) is cleared, its param groups (learning rates, as a schedule set them) are kept. Every round means
+group rounds too, not only rounds across all workers: each replaces a replica by a mean, and the moments a
+replica gathered on its way there point along that replica's path, not the mean's. A round of one worker
+alone leaves its weights as they are and resets the optimizer all the same: the option means one thing on any
+number of workers.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from shoal.algorithms.collective import CollectiveAlgorithm
 from shoal.algorithms.compression import check_compression, make_compressor
 from shoal.algorithms.groups import check_group_period, check_groups, check_period
 from shoal.cluster.collectives import FlatBuffer
+from shoal.errors import ConfigError
 
 
 @dataclass
@@ -58,11 +67,16 @@ class AveragingOptions:
     rank, with error feedback). Rounds within a group stay exact."""
     compression_rank: int = 4
     """PowerSGD's rank: numbers sent per round are about rank x (rows + columns) of each weight matrix."""
+    reset_optimizer: bool = False
+    """Clear the optimizer's state (momentum, Adam's moments and step count; not its learning rates) after every
+    round, within a group or across all workers (Kennedy et al.'s Parallel SGD starts each round afresh)."""
 
     def __post_init__(self) -> None:
         check_period("algorithm.period", self.period)
         check_compression(self.compression, self.compression_rank)
         check_group_period(self.group_period, self.period)
+        if not isinstance(self.reset_optimizer, bool):
+            raise ConfigError(f"algorithm.reset_optimizer: must be true or false, got {self.reset_optimizer!r}")
 
 
 class ModelAveraging(CollectiveAlgorithm):
@@ -105,6 +119,7 @@ class ModelAveraging(CollectiveAlgorithm):
         else:
             self._average(self.comm, 0)
         self.rows[1] = 0
+        self._restart_optimizer()
 
     def average_group_(self) -> None:
         """Replace every replica by the mean of its group's replicas."""
@@ -112,6 +127,13 @@ class ModelAveraging(CollectiveAlgorithm):
             self.average_()  # the one group is every worker: its rounds cross the network, compressed
         else:
             self._average(self.group_comm, 1)
+            self._restart_optimizer()
+
+    def _restart_optimizer(self) -> None:
+        """With reset_optimizer: the optimizer as a fresh one of the same settings, after a round. torch's
+        optimizers make a parameter's state at its first step, so an empty state is a fresh optimizer's."""
+        if self.options.reset_optimizer:
+            self.optimizer.state.clear()
 
     def _average(self, comm, which: int) -> None:
         """The mean over `comm`'s replicas: plain, or weighed by the rows each trained on since the last round."""

@@ -3,9 +3,10 @@ prediction set as the set a model was trained on.
 
 A model reads features by position and in the dtype it was trained on: a uint8 image where it
 learned float32 values, or a column of ages where it learned incomes, gives predictions that are
-wrong without a word. So the feature dtype, the sample shape, the feature names and the one-hot
-encoding must agree. The reference is plain data (`schema`), so a run directory can keep it in
-model.pt and check a dataset long after the training set is gone.
+wrong without a word. So the fields of dict items (and the label's key among them), the feature
+dtype, the sample shape, the feature names and the one-hot encoding must agree. The reference is
+plain data (`schema`), so a run directory can keep it in model.pt and check a dataset long after
+the training set is gone.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from typing import Any
 from shoal.data.format import Dataset
 from shoal.errors import DataError
 
-FEATURES = ("feature_dtype", "shape", "feature_names", "encoding")
+FEATURES = ("fields", "label_key", "feature_dtype", "shape", "feature_names", "encoding")
 """What a model reads: a prediction set must match its training set in these."""
 TRAINING = (*FEATURES, "classes")
 """A test set must also have its training set's classes (metrics compare class indices)."""
+ITEMS = ("fields", "label_key")
+"""Kept in a schema only for rows of dict items: a reference without them (one from before dict items, too)
+was of (features, label) pairs."""
 SHOWN = 5  # names listed in a message before "..."
 
 
@@ -31,6 +35,7 @@ def schema(dataset: Dataset) -> dict[str, Any]:
         "feature_names": dataset.feature_names,
         "encoding": dataset.meta.get("encoding"),
         "classes": dataset.classes,
+        **({"fields": dataset.fields, "label_key": dataset.label_key} if dataset.fields else {}),
     }
 
 
@@ -63,17 +68,43 @@ def _encoding_difference(expected: dict, actual: dict | None) -> str | None:
     return None
 
 
+def _fields_difference(expected: list | None, actual: list | None) -> str | None:
+    """Dict items' fields, by name, shape and dtype in order; or one set of dict items and one of pairs."""
+    if expected is None or actual is None:
+        if expected is actual:
+            return None
+        names = _shown([field["name"] for field in expected or actual])
+        return (f"its rows are (features, label) pairs, not dict items of fields {names}" if actual is None
+                else f"its rows are dict items of fields {names}, not (features, label) pairs")
+    for index, (want, have) in enumerate(zip(expected, actual)):
+        if want["name"] != have["name"]:
+            return f"field {index + 1} is {have['name']!r}, not {want['name']!r}"
+        if list(have["shape"]) != list(want["shape"]):
+            return f"field {have['name']!r} has shape {list(have['shape'])}, not {list(want['shape'])}"
+        if have["dtype"] != want["dtype"]:
+            return f"field {have['name']!r} holds {have['dtype']}, not {want['dtype']}"
+    if len(expected) != len(actual):
+        names = [[field["name"] for field in fields] for fields in (actual, expected)]
+        return f"fields {_shown(names[0])}, not {_shown(names[1])}"
+    return None
+
+
 def first_difference(reference: dict, dataset: Dataset, keys: Sequence[str] = FEATURES) -> str | None:
     """The first way `dataset` differs from `reference` in `keys`, in words; None when it does not.
 
-    A key the reference lacks (a model.pt from an older shoal) is not compared, nor feature names
-    or an encoding the reference holds as None (a training set without them).
+    A key the reference lacks (a model.pt from an older shoal) is not compared, but for the fields of
+    dict items (lacking, there were none), nor feature names or an encoding the reference holds as
+    None (a training set without them).
     """
-    actual = schema(dataset)
-    for key in [key for key in keys if key in reference]:
-        expected = reference[key]
+    actual = {key: None for key in ITEMS} | schema(dataset)
+    for key in [key for key in keys if key in reference or key in ITEMS]:
+        expected = reference.get(key)
         difference = None
-        if key == "feature_names" and expected is not None:
+        if key == "fields":
+            difference = _fields_difference(expected, actual[key])
+        elif key == "label_key" and expected != actual[key] and None not in (expected, actual[key]):
+            difference = f"the label's key is {actual[key]!r}, not {expected!r}"
+        elif key == "feature_names" and expected is not None:
             difference = _names_difference(list(expected), actual[key])
         elif key == "encoding" and isinstance(expected, dict):
             difference = _encoding_difference(expected, actual[key])

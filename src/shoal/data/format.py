@@ -1,18 +1,19 @@
 """The dataset folder format: Parquet files plus `meta.json`.
 
 A dataset is a folder (local path or any URI pyarrow's filesystems open) holding
-`part-NNNNN.parquet` files with two columns, `features` (the flattened sample as one
-fixed-size binary value of little-endian numbers in its own dtype: uint8 images stay uint8)
-and `label` (the label as it appeared in the source), and a `meta.json` that records rows,
-sample shape, dtypes, classes and the row count of every file and row group. The row counts
-let each worker open only the row groups that hold its rows. Writers build the folder under a
-temporary name and rename it at the end, so an interrupted write leaves no dataset behind; the
-temporary name carries its owner, so one left by a killed writer goes at the next write to
-the same folder (see `shoal.data.leftovers`). An existing folder is replaced (`overwrite`) only
-when it is a shoal dataset, and atomically: the new one is renamed in once the old one is renamed
-aside, which goes last; a symbolic link as the output folder is refused. Reads from a store are
-retried when they fail in a way that may pass (`shoal.data.retry`), and reads for training refuse NaN and infinity,
-naming the file and row, before they can turn into a NaN loss or NaN metrics.
+`part-NNNNN.parquet` files with two columns, `features` (the flattened sample as one fixed-size
+binary value of little-endian numbers in its own dtype: uint8 images stay uint8) and `label` (the
+label as it appeared in the source), and a `meta.json` that records rows, sample shape, dtypes,
+classes, the fields of rows written from dict items (`fields`, `label_key`: each field's name, shape
+and dtype, concatenated in the row in that order) and the row count of every file and row group. The
+row counts let each worker open only the row groups that hold its rows. Writers build the folder
+under a temporary name and rename it at the end, so an interrupted write leaves no dataset behind;
+the temporary name carries its owner, so one left by a killed writer goes at the next write to the
+same folder (see `shoal.data.leftovers`). An existing folder is replaced (`overwrite`) only when it
+is a shoal dataset, and atomically: the new one is renamed in once the old one is renamed aside,
+which goes last; a symbolic link as the output folder is refused. Reads from a store are retried
+when they fail in a way that may pass (`shoal.data.retry`), and reads for training refuse NaN and
+infinity, naming the file and row, before they can turn into a NaN loss or NaN metrics.
 
 Version 1 stored features as a fixed-size list column; Parquet decodes lists through two
 levels per value, which made loading ~6x slower and ~5x larger in memory than one binary
@@ -82,6 +83,10 @@ class Dataset:
         self.labeled: bool = meta.get("labeled", True) is not False
         """False for rows imported without a label: they can be predicted, not trained or tested on."""
         self.feature_names: list[str] | None = meta.get("feature_names")
+        self.fields: list[dict[str, Any]] | None = meta.get("fields")
+        """Rows of dict items: each field's name, shape and dtype, in the row's order; None for other rows."""
+        self.label_key: str | None = meta.get("label_key") if self.fields else None
+        """The label's key in dict items (and in the loader's dict batches); None for other rows."""
         self.files = [FileInfo(f["name"], f["rows"], tuple(f["row_groups"])) for f in meta["files"]]
         self._filesystem, self._root = _filesystem(path, filesystem)
         self.opened: list[tuple[str, int]] = []  # (file, row group) pairs read, for tests and stats

@@ -1,7 +1,8 @@
 """The per-worker loader: load the rank's share once, read it many times.
 
 Features stay in their stored dtype (uint8 images stay uint8, a quarter of float32) and are
-converted per batch. A batch is one fancy-index of the share's array: no per-sample Python.
+converted per batch: to (inputs, labels), or for rows of dict items to a dict of their fields.
+A batch is one fancy-index of the share's array: no per-sample Python.
 
 A share that fits the worker's memory budget (or any share, without a budget) is read into
 RAM. A larger one is copied once to a local memory-mapped cache (`ShareCache`) and each epoch
@@ -12,8 +13,10 @@ resident memory stays near the budget, and later epochs read only the cache, nev
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow
@@ -51,23 +54,74 @@ def plan_memory(share_rows: int, row_bytes: int, batch_size: int, budget: int | 
     return int(part_rows)
 
 
+FIELD_TENSOR_TYPES = {"float32": torch.float32, "int64": torch.int64, "bool": torch.bool}
+"""A dict batch's fields, by the dtype the dataset's `fields` record."""
+
+
 class Converter:
-    """Rows in their stored dtype -> (float32 inputs in the model's sample shape, labels) on a device."""
+    """Rows in their stored dtype -> (float32 inputs in the model's sample shape, labels) on a device.
+
+    Rows of dict items (`fields`, as the dataset records them) become a dict instead: each field's
+    tensor, (rows, *its shape) in its own dtype (float32, int64 or bool, never scaled), and the labels
+    under `label_key`.
+    """
 
     def __init__(self, dtype: np.dtype, sample_shape, device: torch.device = torch.device("cpu"),
-                 label_dtype: torch.dtype = torch.int64):
+                 label_dtype: torch.dtype = torch.int64, *, fields: list[dict] | None = None,
+                 label_key: str | None = None):
         self.scale = feature_scale(dtype)
         self.sample_shape, self.device, self.label_dtype = tuple(sample_shape), device, label_dtype
+        self.fields: list[tuple[str, int, int, tuple[int, ...], torch.dtype]] | None = None
+        if fields:
+            self.fields, start = [], 0
+            for field in fields:
+                stop = start + math.prod(field["shape"])
+                self.fields.append((field["name"], start, stop, tuple(field["shape"]),
+                                    FIELD_TENSOR_TYPES[field["dtype"]]))
+                start = stop
+        self.label_key = label_key or "label"
 
-    def __call__(self, features: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    @classmethod
+    def for_dataset(cls, dataset: Dataset, sample_shape=None, device: torch.device = torch.device("cpu"),
+                    label_dtype: torch.dtype = torch.int64) -> Converter:
+        """The converter of `dataset`'s rows: its dtype, and its fields when its rows are dict items."""
+        return cls(dataset.feature_dtype, sample_shape or dataset.shape, device, label_dtype,
+                   fields=dataset.fields, label_key=dataset.label_key)
+
+    def __call__(self, features: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | dict:
         inputs, targets = torch.from_numpy(features), torch.from_numpy(labels)
         if self.device.type != "cpu":  # on the CPU even a no-op .to() costs a few microseconds a batch
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
+        targets = targets if targets.dtype == self.label_dtype else targets.to(self.label_dtype)
+        if self.fields is not None:
+            return self._fields(inputs, targets)
         inputs = inputs.float().reshape(len(inputs), *self.sample_shape)
         if self.scale != 1.0:
             inputs.mul_(self.scale)
-        return inputs, (targets if targets.dtype == self.label_dtype else targets.to(self.label_dtype))
+        return inputs, targets
+
+    def _fields(self, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+        rows = len(inputs)
+        flat = inputs.reshape(rows, -1)
+        batch = {name: flat[:, start:stop].reshape(rows, *shape).to(dtype)
+                 for name, start, stop, shape, dtype in self.fields}
+        batch[self.label_key] = targets
+        return batch
+
+
+def batch_rows(batch: Any) -> int:
+    """Rows in a batch as the loader yields it, or a transform returns it: (inputs, labels), a dict of
+    tensors, or a tensor; the first tensor of at least one dimension says."""
+    if getattr(batch, "ndim", 0) >= 1:
+        return int(batch.shape[0])
+    parts = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
+    for part in parts:
+        try:
+            return batch_rows(part)
+        except ValueError:
+            continue
+    raise ValueError(f"a batch of {type(batch).__name__} holds no tensor with a dimension of rows")
 
 
 class ShardLoader:
@@ -104,7 +158,8 @@ class ShardLoader:
         self.features = self.labels = None
         self.load_seconds = self._load(self.start, self.stop)
         self.sample_shape = tuple(sample_shape or dataset.shape)  # the model's view of a row
-        self.convert = Converter(self.features.dtype, self.sample_shape, device, label_dtype)
+        self.convert = Converter(self.features.dtype, self.sample_shape, device, label_dtype,
+                                 fields=dataset.fields, label_key=dataset.label_key)
 
     def _load(self, start: int, stop: int) -> float:
         """Hold rows [start, stop): in RAM (keeping the rows already held), or in a fresh local cache; the seconds."""
@@ -172,11 +227,12 @@ class ShardLoader:
                                        shuffle=self.shuffle)
         return epoch_order(self.rows, seed=self.seed, epoch=epoch, rank=self.rank, shuffle=self.shuffle)
 
-    def to_tensors(self, features: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def to_tensors(self, features: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | dict:
         return self.convert(features, labels)
 
-    def batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This epoch's batches, `self.steps` of them, in this rank's seeded order."""
+    def batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor] | dict]:
+        """This epoch's batches, `self.steps` of them, in this rank's seeded order: (inputs, labels), or a dict
+        of fields and labels for a dataset of dict items (`Converter`)."""
         if self.cache is not None:
             yield from self._cached_batches(epoch)
             return
@@ -188,7 +244,7 @@ class ShardLoader:
                 index = order[lo:hi]
                 yield self.to_tensors(self.features[index], self.labels[index])
 
-    def _cached_batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _cached_batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor] | dict]:
         """Batches out of the sub-partitions they fall in, each read from the cache into a reused buffer.
 
         The order visits one sub-partition after another, so the rows a batch takes from each are

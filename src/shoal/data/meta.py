@@ -19,6 +19,7 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 NUMBER_KINDS = "biuf"  # booleans, integers, floats: what converts to a float tensor
 LARGEST_ITEM = 8  # bytes; float128 has no tensor type
+FIELD_DTYPES = ("float32", "int64", "bool")  # the tensor types of a dict batch's fields
 
 
 def whole(value: Any) -> bool:
@@ -45,6 +46,7 @@ def check_meta(meta: Any, where: str) -> None:
         raise DataError(f"{where}: file row counts do not add up to 'rows'")
     _check_classes(meta.get("classes"), where)
     _check_feature_names(meta.get("feature_names"), int(np.prod(meta["shape"])), where)
+    _check_fields(meta.get("fields"), meta.get("label_key"), int(np.prod(meta["shape"])), where)
 
 
 def number_dtype(name: str, where: str) -> np.dtype:
@@ -96,3 +98,27 @@ def _check_feature_names(names: Any, features: int, where: str) -> None:
         raise DataError(f"{where}: key 'feature_names': not null or a list of names")
     if len(names) != features:
         raise DataError(f"{where}: key 'feature_names': {len(names)} names for {features} features")
+
+
+def _check_fields(fields: Any, label_key: Any, features: int, where: str) -> None:
+    """null, or the fields of dict items: named once each, shaped, typed, and together as wide as a row."""
+    if fields is None:
+        return
+    if not (isinstance(fields, list) and fields):
+        raise DataError(f"{where}: key 'fields': not null or a list of fields")
+    names: set[str] = set()
+    values = 0
+    for number, entry in enumerate(fields):
+        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and entry["name"]
+                and isinstance(entry.get("shape"), list) and all(whole(size) and size >= 1 for size in entry["shape"])
+                and entry.get("dtype") in FIELD_DTYPES):
+            raise DataError(f"{where}: key 'fields': each field needs a 'name', a 'shape' of whole numbers >= 1 and "
+                            f"a 'dtype' ({', '.join(FIELD_DTYPES)}) (entry {number} has not)")
+        if entry["name"] in names:
+            raise DataError(f"{where}: key 'fields': {entry['name']!r} appears twice")
+        names.add(entry["name"])
+        values += int(np.prod(entry["shape"]))
+    if values != features:
+        raise DataError(f"{where}: key 'fields': the fields hold {values} values a row; the shape, {features}")
+    if not (isinstance(label_key, str) and label_key) or label_key in names:
+        raise DataError(f"{where}: key 'label_key': {label_key!r} is not a name apart from the fields'")

@@ -31,8 +31,9 @@ import torch
 from shoal.config import JobConfig
 from shoal.data.loader import ShardLoader
 from shoal.plan.profile import Compute, slowest_over_fastest
-from shoal.train.objective import EVALUATE_ROWS, evaluate
+from shoal.train.objective import EVALUATE_ROWS
 from shoal.train.prepare import allocate_model, make_optimizer, prepare
+from shoal.train.step import evaluate_rows
 
 PROBE_ROWS = 100_000  # rows read for the probe: batches gathered from as large a share as a worker's
 BATCH_LADDER = (16, 64, 256, 1024, 4096)
@@ -110,7 +111,7 @@ class ComputeProbe:
                                   sample_shape=self.prepared.spec["input"])
         torch.manual_seed(job.train.seed)
         self.model = allocate_model(self.prepared.spec)
-        self.optimizer = make_optimizer(job.train.optimizer, self.model.parameters())
+        self.optimizer = make_optimizer(job.train.optimizer, self.model)
         self.parameters = sum(p.numel() for p in self.model.parameters())
         self.order = np.random.default_rng(0).permutation(self.loader.rows)
 
@@ -128,14 +129,21 @@ class ComputeProbe:
         def work() -> None:
             start = next(starts) % max(1, self.loader.rows - batch + 1)
             index = self.order[start : start + batch]
-            inputs, labels = self.loader.to_tensors(self.loader.features[index], self.loader.labels[index])
+            rows = self.loader.to_tensors(self.loader.features[index], self.loader.labels[index])
             self.optimizer.zero_grad(set_to_none=True)
-            loss = self.prepared.objective(self.model(inputs), labels)
+            loss = self.loss(rows)
             loss.backward()
             self.optimizer.step()
             loss.item()
 
         return work
+
+    def loss(self, batch) -> torch.Tensor:
+        """A batch's loss as the loop computes it: the user's step, or the model's outputs under the job's loss."""
+        if self.prepared.step is not None:
+            return self.prepared.step(self.model, batch)[0]
+        inputs, labels = batch
+        return self.prepared.objective(self.model(inputs), labels)
 
     def step(self, batch: int) -> list[float]:
         return timed(self.step_work(batch), seconds=TIMED_SECONDS / BLOCKS)
@@ -160,8 +168,9 @@ class ComputeProbe:
         with torch.no_grad():
             rows = self.evaluate_rows()
             features, labels = self.loader.features[:rows], self.loader.labels[:rows]
-            seconds = _median(timed(lambda: evaluate(self.model, self.prepared.objective, features, labels,
-                                                     convert=self.loader.to_tensors, batch_size=rows), at_least=3))
+            step = self.prepared.step if self.prepared.evaluate_by_step else None
+            seconds = _median(timed(lambda: evaluate_rows(self.model, self.prepared.objective, step, features, labels,
+                                                          self.loader.to_tensors, batch_size=rows), at_least=3))
         self.model.train()
         return seconds / rows
 
@@ -171,8 +180,10 @@ class ComputeProbe:
         few hundred rows up). Called in eval mode, under no_grad."""
         rows = min(self.loader.rows, EVALUATE_ROWS)
         fewest = min(rows, EVALUATE_FEWEST)
-        inputs, _ = self.loader.to_tensors(self.loader.features[:fewest], self.loader.labels[:fewest])
-        (seconds,) = timed(lambda: self.model(inputs), seconds=0.0, at_least=1, warm_up=1)  # one call, after one
+        batch = self.loader.to_tensors(self.loader.features[:fewest], self.loader.labels[:fewest])
+        step = self.prepared.step if self.prepared.evaluate_by_step else None
+        forward = (lambda: step(self.model, batch)) if step else (lambda: self.model(batch[0]))
+        (seconds,) = timed(forward, seconds=0.0, at_least=1, warm_up=1)  # one call, after one
         return min(rows, max(fewest, int(LARGEST_STEP * fewest / max(seconds, 1e-9))))
 
     def measure(self, batches: list[int], startup: float, around_loop: tuple[float, ...] = ()) -> Compute:
@@ -225,7 +236,7 @@ def update_work(model: torch.nn.Module, options: dict):
     generator = torch.Generator().manual_seed(0)
     for parameter in model.parameters():
         parameter.grad = torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype) * GRADIENT_SCALE
-    return make_optimizer(options, model.parameters()).step
+    return make_optimizer(options, model).step
 
 
 def _median(samples) -> float:

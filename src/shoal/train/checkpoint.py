@@ -397,6 +397,7 @@ UNCHECKED = {
     "train.validate_every": "as train.eval_every",
     "train.validate_seconds": "as train.eval_every",
     "train.stop": "when the job ends: judged after an epoch is trained, it changes no weight of the epochs it lets run",
+    "train.metrics": "as train.eval_every: measured on the test set, never trained on",
     "cluster.threads": "the machine's cores: the same sums, rounded as that machine rounds them",
     "cluster.device": "the machine's hardware: the same sums, rounded as that hardware rounds them",
     "cluster.timeout": "how long a collective may wait",
@@ -438,6 +439,12 @@ def fingerprint(job, spec: dict, train_set: Dataset, world_size: int) -> dict:
         "algorithm": {"name": job.algorithm.name, **job.algorithm.options},
         "model": spec,
         "train.optimizer.name": job.train.optimizer["name"],  # its state does not carry over to another
+        # its state is kept by group: other patterns would put it on other parameters (their rates may change)
+        "train.optimizer.param_groups": [group.get("params") if isinstance(group, dict) else group
+                                         for group in job.train.optimizer.get("param_groups") or []],
+        "train.step": job.train.step,
+        "data.transform": job.data.transform,
+        "train.validation_split": job.train.validation_split,  # which rows are trained on
         "train.batch_size": job.train.batch_size,
         "train.seed": job.train.seed,
         "train.shuffle": job.train.shuffle,

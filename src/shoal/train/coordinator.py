@@ -36,14 +36,21 @@ from shoal.events import (
 )
 from shoal.train.artifacts import save_model
 from shoal.train.balancer import rate
+from shoal.train.held_out import combined as combined_validation
 from shoal.train.loggers import Loggers, open_loggers
 from shoal.train.loop import EpochStats
-from shoal.train.objective import evaluate, metric_names
+from shoal.train.objective import metric_names
 from shoal.train.prepare import Prepared
 from shoal.train.progress import ProgressDisplay
+from shoal.train.step import combined as combined_logged
+from shoal.train.step import evaluate_rows
+from shoal.train.stopping import Callbacks
+from shoal.train.user_metrics import job_metrics
 from shoal.train.validation import Validator
 
 PROGRESS_SECONDS = 5.0  # how often the coordinator records the step it is at
+LOGGED, HELD_OUT = "logged", "held_out"
+"""The keys of a trainer's report (`Coordinator.end_epoch`): its step's logged sums, its held-out rows' metrics."""
 
 
 def versions() -> dict[str, str]:
@@ -57,12 +64,14 @@ class Coordinator:
     def __init__(self, job: JobConfig, run_dir: Path, prepared: Prepared, model: torch.nn.Module,
                  device: torch.device):
         self.job, self.run_dir, self.prepared, self.model, self.device = job, run_dir, prepared, model, device
+        self.metrics = job_metrics(job, run_dir, prepared.test_set is not None, prepared.evaluate_by_step)
         self.events: EventLog | None = None  # opened by announce: an events file means the job has started
         self.loggers: Loggers | None = None  # TensorBoard, MLflow, CSV: fed by the event log
         self.progress: ProgressDisplay | None = None
         self.validator: Validator | None = None
         self.test_rows = self.convert = None
         self.final: dict = {}  # the latest test metrics
+        self.latest: EpochEnd | None = None  # the latest epoch's record
         self.epoch = self.epoch_steps = 0  # the epoch in progress, and rank 0's steps in it
         self.resharded_from: int | None = None  # the workers that wrote a checkpoint resumed by resharding
         self.last_record = time.monotonic()
@@ -73,8 +82,8 @@ class Coordinator:
         if test_set is None:
             return
         self.test_rows = test_set.read_all()
-        self.convert = Converter(test_set.feature_dtype, prepared.spec["input"], self.device,
-                                 prepared.objective.label_dtype)
+        self.convert = Converter.for_dataset(test_set, prepared.spec["input"], self.device,
+                                             prepared.objective.label_dtype)
 
     def announce(self, first_epoch: int, details: JobStart, load_seconds: list[float], holdings: list,
                  algorithm: Algorithm | None = None) -> None:
@@ -82,7 +91,7 @@ class Coordinator:
         load; the progress display and validation begin."""
         start = dataclasses.replace(details, from_epoch=first_epoch, versions=versions())
         started_before = (self.run_dir / EVENTS_FILE).is_file() and read_history(self.run_dir).started()
-        test_metrics = metric_names(self.prepared.objective) if self.test_rows is not None else ()
+        test_metrics = metric_names(self.prepared.objective, self.metrics.names) if self.test_rows is not None else ()
         self.loggers = open_loggers(self.job, self.run_dir, test_metrics)
         self.events = EventLog(self.run_dir, listeners=[self.loggers])
         resumed = dataclasses.replace(start.resumed(), resharded_from=self.resharded_from)
@@ -91,8 +100,9 @@ class Coordinator:
         self.progress = ProgressDisplay(self.job.output.progress, self.job.train.epochs, details.steps_per_epoch,
                                         enabled=True)
         if self.test_rows is not None:
+            # its own copy of the user's metrics: it evaluates in another thread, while the epochs' go on
             self.validator = Validator.from_job(self.job, self.prepared, self.model, self.test_rows, self.convert,
-                                                self.events, algorithm)
+                                                self.events, algorithm, self.metrics.copy() if self.metrics else None)
         self.last_record = time.monotonic()
 
     def epoch_begins(self, epoch: int, steps: int) -> None:
@@ -129,13 +139,19 @@ class Coordinator:
         """Test metrics of the consensus model and the seconds they took."""
         began = time.perf_counter()
         with self.validator.paused(), algorithm.consensus() as consensus:
-            metrics = evaluate(consensus, self.prepared.objective, *self.test_rows, convert=self.convert)
+            metrics = evaluate_rows(consensus, self.prepared.objective, self.test_step(), *self.test_rows,
+                                    convert=self.convert, metrics=self.metrics or None)
         self.final = metrics
         return metrics, time.perf_counter() - began
 
+    def test_step(self):
+        """The user's step, when it evaluates the test set (shoal cannot read the model's outputs), else None."""
+        return self.prepared.step if self.prepared.evaluate_by_step else None
+
     def end_epoch(self, epoch: int, step: int, per_rank: list[EpochStats], ranks: list[int], hosts: list[str],
-                  algorithm: Algorithm, shares: Shares | None = None) -> EpochEnd:
-        """Evaluate when due, then write the epoch's record; the record."""
+                  algorithm: Algorithm, shares: Shares | None = None, reports: list[dict] | None = None) -> EpochEnd:
+        """Evaluate when due, then write the epoch's record; the record. `reports`: each trainer's sums of what
+        the user's step logged and its metrics on the rows it holds out, when the job has either."""
         last = epoch + 1 == self.job.train.epochs
         test, evaluation_seconds = {}, 0.0
         if self.test_rows is not None and ((epoch + 1) % self.job.train.eval_every == 0 or last):
@@ -145,24 +161,36 @@ class Coordinator:
         if shares is not None:
             record.balance = shares.mode
             record.next_shares = list(shares.moved) if shares.moved else None
+        if reports is not None:
+            add_reports(record, reports, self.job.train.step is not None)
         self.events.write(record)
         self.progress.end_epoch(epoch, record)
+        self.latest = record
         return record
 
     def checkpoint_written(self, epoch: int, path: Path, seconds: float) -> None:
         self.events.write(Checkpoint(epoch=epoch, path=str(path), seconds=seconds))
 
     def complete(self, algorithm: Algorithm, seconds: float, steps: int, memory: list[WorkerMemory],
-                 epochs: int, stopped: str | None = None) -> None:
-        """Save the consensus model and write `job_end` (`stopped`: why it ended before its last epoch)."""
+                 epochs: int, stopped: str | None = None, callbacks: Callbacks | None = None) -> None:
+        """Save the consensus model, hand it to the callbacks' on_train_end, and write `job_end` (`stopped`:
+        why it ended before its last epoch)."""
         if self.validator is not None:
             self.validator.close()
         prepared = self.prepared
         with algorithm.consensus() as consensus:
             path = save_model(self.run_dir, consensus, prepared.spec, prepared.objective, prepared.train_set.classes,
                               prepared.train_set.feature_dtype.name, training_set=prepared.train_set)
+            if callbacks:
+                callbacks.train_end(self.closing_metrics(), consensus)
         self.events.write(JobEnd(status="completed", test=self.final, seconds=seconds, epochs=epochs,
                                  steps=steps, model=str(path), memory=memory, message=stopped))
+
+    def closing_metrics(self) -> dict[str, float]:
+        """What on_train_end is told, named as on_epoch_end's metrics are: the last epoch's `train_loss` and the
+        latest test metrics, as `test_<name>`."""
+        train = {"train_loss": self.latest.train_loss} if self.latest is not None else {}
+        return train | {f"test_{name}": value for name, value in self.final.items()}
 
     def close(self) -> None:
         if self.validator is not None:
@@ -171,6 +199,18 @@ class Coordinator:
             self.events.close()
         if self.loggers is not None:
             self.loggers.close()
+
+
+def add_reports(record: EpochEnd, reports: list[dict], stepped: bool) -> None:
+    """Into the epoch's record: the mean of what the user's step logged (`stepped`), and each trainer's metrics on
+    the rows it holds out, with their mean weighted by rows. `reports` go in the order of `record.workers`."""
+    if stepped:
+        record.train_metrics = combined_logged([report.get(LOGGED, {}) for report in reports]) or None
+    validations = [report.get(HELD_OUT) for report in reports]
+    if any(found is not None for found in validations):
+        for worker, found in zip(record.workers, validations):
+            worker.validation = found
+        record.validation = combined_validation([found for found in validations if found is not None])
 
 
 @dataclasses.dataclass

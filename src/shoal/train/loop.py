@@ -1,6 +1,8 @@
 """The training loop: an ordinary PyTorch loop with the algorithm's hooks around it.
 
-The loop knows nothing about distribution; it times each part of a step so that every epoch
+A step of the user's own (`train.step`) may replace the forward pass and the loss, and a transform
+(`data.transform`) change each batch first; the loop keeps the rest. The loop knows nothing about
+distribution; it times each part of a step so that every epoch
 reports where its time went: data (batch slicing and conversion), communication (whatever the
 algorithm's collectives took) and compute (forward, backward and update).
 """
@@ -12,6 +14,7 @@ import functools
 import math
 import time
 from dataclasses import astuple, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,10 +22,14 @@ from shoal.algorithms.base import Algorithm
 from shoal.algorithms.collective import CollectiveAlgorithm
 from shoal.cluster.collectives import Communicator
 from shoal.data.balance import nominal_crossed
-from shoal.data.loader import ShardLoader
+from shoal.data.loader import ShardLoader, batch_rows
 from shoal.errors import ShoalError
 from shoal.train.objective import Objective
 from shoal.train.schedule import Schedule
+from shoal.train.step import Logged, Step
+
+if TYPE_CHECKING:
+    from shoal.train.transform import Transform
 
 
 class NumericalError(ShoalError):
@@ -63,8 +70,12 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, objective: Objective,
                  algorithm: Algorithm, loader: ShardLoader, comm: Communicator, *, on_step=None,
                  schedule: Schedule | None = None, clip_norm: float | None = None, accumulate: int | None = None,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", step: Step | None = None, transform: Transform | None = None):
+        """`step`: the user's own training step in place of forward and loss; `transform`: the user's
+        function applied to every batch before it (both optional)."""
         self.model, self.optimizer, self.objective = model, optimizer, objective
+        self.step, self.transform = step, transform
+        self.logged = Logged()  # the numbers the user's step logs, summed over the epoch
         self.schedule, self.clip_norm, self.accumulate = schedule, clip_norm, accumulate
         self.algorithm, self.loader, self.comm = algorithm, loader, comm
         self.on_step = on_step  # called with the step's loss (the progress bar)
@@ -85,17 +96,21 @@ class Trainer:
         batches = self.loader.batches(epoch)
         for step_in_epoch in range(self.loader.steps):
             start = time.perf_counter()
-            inputs, labels = next(batches)
+            batch = next(batches)
+            if self.transform is not None:
+                # unshuffled float rows are views of the share: a transform in place would change later epochs'
+                batch = self.transform(batch if self.loader.shuffle else copied(batch), epoch, step_in_epoch)
+            rows = batch_rows(batch)
             fetched = time.perf_counter()
             communication_at_step = self.comm.seconds
-            value = self.learn(inputs, labels, step_in_epoch)
+            value = self.learn(batch, rows, step_in_epoch)
             if not math.isfinite(value):
                 raise NumericalError(f"loss is {value} at epoch {epoch + 1}, step {step_in_epoch + 1}")
             finished = time.perf_counter()
             stats.data += fetched - start
             stats.compute += finished - fetched - (self.comm.seconds - communication_at_step)
-            stats.rows += len(inputs)
-            stats.loss_sum += value * len(inputs)
+            stats.rows += rows
+            stats.loss_sum += value * rows
             stats.steps += 1
             self.step_in_epoch = step_in_epoch + 1
             if self.on_step is not None:
@@ -106,14 +121,11 @@ class Trainer:
         stats.communication = self.comm.seconds - communication_before
         return stats
 
-    def learn(self, inputs: torch.Tensor, labels: torch.Tensor, step_in_epoch: int) -> float:
+    def learn(self, batch, rows: int, step_in_epoch: int) -> float:
         """One batch's forward and backward, and the update when its group is complete; the batch's loss."""
-        rows = len(inputs)
         if self.group_rows == 0:
             self.optimizer.zero_grad(set_to_none=True)
-        with self.autocast():
-            outputs = self.model(inputs)
-        loss = self.objective(outputs.float(), labels)
+        loss = self.forward(batch, rows)
         done = step_in_epoch + 1
         # the update follows this batch (groups of accumulated batches end with the epoch too)
         final = not self.accumulate or done % self.accumulate == 0 or done == self.loader.steps
@@ -127,6 +139,19 @@ class Trainer:
         for step in crossed:
             self.algorithm.after_step(step)
         return loss.item()  # also waits for the device, so the step's timing is honest
+
+    def forward(self, batch, rows: int) -> torch.Tensor:
+        """The batch's loss: the model's outputs under the job's loss, or what the user's step makes of the
+        batch (the numbers it logs are summed in)."""
+        if self.step is not None:
+            with self.autocast():
+                loss, logged = self.step(self.model, batch)
+            self.logged.add(logged, rows)
+            return loss.float()
+        inputs, labels = batch
+        with self.autocast():
+            outputs = self.model(inputs)
+        return self.objective(outputs.float(), labels)
 
     def algorithm_steps(self, step_in_epoch: int) -> range:
         """The steps the algorithm is told of after this batch: the global step, or, where a collective
@@ -155,3 +180,10 @@ class Trainer:
             for _ in range(schedule_steps):
                 self.schedule.after_step()
         self.group_rows = 0
+
+
+def copied(batch):
+    """A batch whose tensors are its own (a transform may change them in place)."""
+    if isinstance(batch, dict):
+        return {name: value.clone() for name, value in batch.items()}
+    return tuple(value.clone() for value in batch)

@@ -8,18 +8,16 @@ for class 1, mse regresses one-hot targets (classification) or the label (regres
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional
 
-from shoal.errors import ConfigError, first_line
-from shoal.model import current_folder_importable
+from shoal.code import is_reference, load_code
+from shoal.errors import ConfigError
 
 BUILT_IN = ("cross_entropy", "binary_cross_entropy", "mse")
 
@@ -31,7 +29,7 @@ def torch_losses() -> dict[str, type]:
 
 def check_loss_name(loss: str) -> None:
     """A built-in name, a torch.nn loss class, or 'package.module:function' (imported only when used)."""
-    if loss in BUILT_IN or loss in torch_losses() or re.fullmatch(r"[\w.]+:\w+", loss):
+    if loss in BUILT_IN or loss in torch_losses() or is_reference(loss):
         return
     close = difflib.get_close_matches(loss, [*BUILT_IN, *torch_losses()], n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -39,16 +37,17 @@ def check_loss_name(loss: str) -> None:
                       "loss class or 'package.module:function'")
 
 
-def user_loss(loss: str) -> Callable:
-    """The loss function a name gives: a torch.nn class (built with its defaults) or the user's function."""
-    if ":" not in loss:
+def user_loss(loss: str, run_dir=None) -> Callable:
+    """The loss function a name gives: a torch.nn class (built with its defaults), the user's function, or the
+    callable `shoal.fit(loss=...)` wrote into the run directory (a loss object, such as a weighted
+    CrossEntropyLoss, or a function)."""
+    if not is_reference(loss):
         return torch_losses()[loss]()
-    module_name, _, function_name = loss.partition(":")
-    with current_folder_importable():
-        try:
-            return getattr(importlib.import_module(module_name), function_name)
-        except Exception as error:
-            raise ConfigError(f"train.loss: cannot import {loss!r}: {first_line(error)}") from None
+    function = load_code(loss, "train.loss", run_dir)
+    if not callable(function):
+        raise ConfigError(f"train.loss: {loss!r} is a {type(function).__name__}, not a function of "
+                          "(outputs, labels)")
+    return function
 
 
 class Objective:
@@ -60,8 +59,8 @@ class Objective:
     saved model never runs it.
     """
 
-    def __init__(self, loss: str, num_classes: int | None):
-        self.loss, self.num_classes = loss, num_classes
+    def __init__(self, loss: str, num_classes: int | None, run_dir=None):
+        self.loss, self.num_classes, self.run_dir = loss, num_classes, run_dir
         check_loss_name(loss)
         self.custom = loss not in BUILT_IN
         self._function = None
@@ -92,7 +91,7 @@ class Objective:
 
     def __call__(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.custom:
-            self._function = self._function or user_loss(self.loss)
+            self._function = self._function or user_loss(self.loss, self.run_dir)
             if self.num_classes is None or self.one_logit(outputs):
                 return self._function(outputs.reshape(-1), labels.float())
             return self._function(outputs, labels)
@@ -124,8 +123,12 @@ class Objective:
         return outputs.argmax(dim=1)
 
 
-def metrics(objective: Objective, loss_sum: float, rows: int, labels: np.ndarray, predictions: np.ndarray,
-            positive_scores: np.ndarray | None) -> dict[str, float]:
+BUILT_IN_METRICS = ("loss", "accuracy", "auc", "rmse")
+"""Every name `built_in_metrics` can give: the user's own metrics (`train.metrics`) take other names."""
+
+
+def built_in_metrics(objective: Objective, loss_sum: float, rows: int, labels: np.ndarray, predictions: np.ndarray,
+                     positive_scores: np.ndarray | None) -> dict[str, float]:
     """Loss and accuracy (and ROC AUC for two classes) of a pass over a dataset."""
     result = {"loss": loss_sum / rows}
     if objective.num_classes is not None:
@@ -137,11 +140,14 @@ def metrics(objective: Objective, loss_sum: float, rows: int, labels: np.ndarray
     return result
 
 
-def metric_names(objective: Objective) -> tuple[str, ...]:
-    """The keys `metrics` can give for this objective (auc only when the labels hold both classes)."""
+def metric_names(objective: Objective, user: Sequence[str] = ()) -> tuple[str, ...]:
+    """The keys `evaluate` can give for this objective (auc only when the labels hold both classes), then
+    the names of the user's own metrics (`train.metrics`), `user`."""
     if objective.num_classes is None:
-        return ("loss", "rmse")
-    return ("loss", "accuracy", "auc") if objective.num_classes == 2 else ("loss", "accuracy")
+        found = ("loss", "rmse")
+    else:
+        found = ("loss", "accuracy", "auc") if objective.num_classes == 2 else ("loss", "accuracy")
+    return (*found, *user)
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -165,19 +171,28 @@ EVALUATE_ROWS = 8192  # rows evaluated in one forward pass
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, objective: Objective, features: np.ndarray, labels: np.ndarray,
-             convert, batch_size: int = EVALUATE_ROWS) -> dict[str, float]:
-    """Metrics of the model on in-memory rows; `convert` turns numpy rows into tensors."""
+             convert, batch_size: int = EVALUATE_ROWS, metrics=None) -> dict[str, float]:
+    """Metrics of the model on in-memory rows; `convert` turns numpy rows into tensors. `metrics`: the user's
+    own (a `shoal.train.user_metrics.UserMetrics`), fed every batch's outputs and computed after the
+    built-in ones, under their own names."""
     was_training = model.training
     model.eval()
     loss_sum, predicted, scores = 0.0, [], []
-    for start in range(0, len(features), batch_size):
-        inputs, targets = convert(features[start : start + batch_size], labels[start : start + batch_size])
-        outputs = model(inputs)
-        loss_sum += float(objective(outputs, targets)) * len(inputs)
-        predicted.append(objective.predictions(outputs).cpu().numpy())
-        probabilities = objective.probabilities(outputs)
-        if probabilities is not None and probabilities.shape[1] == 2:
-            scores.append(probabilities[:, 1].cpu().numpy())
-    model.train(was_training)
-    return metrics(objective, loss_sum, len(features), labels, np.concatenate(predicted),
-                   np.concatenate(scores) if scores else None)
+    if metrics is not None:
+        metrics.start()
+    try:
+        for start in range(0, len(features), batch_size):
+            inputs, targets = convert(features[start : start + batch_size], labels[start : start + batch_size])
+            outputs = model(inputs)
+            loss_sum += float(objective(outputs, targets)) * len(inputs)
+            predicted.append(objective.predictions(outputs).cpu().numpy())
+            probabilities = objective.probabilities(outputs)
+            if probabilities is not None and probabilities.shape[1] == 2:
+                scores.append(probabilities[:, 1].cpu().numpy())
+            if metrics is not None:
+                metrics.update(outputs, targets)
+    finally:
+        model.train(was_training)
+    found = built_in_metrics(objective, loss_sum, len(features), labels, np.concatenate(predicted),
+                             np.concatenate(scores) if scores else None)
+    return found | (metrics.compute() if metrics is not None else {})

@@ -114,6 +114,11 @@ def predict(run_dir: str | Path, dataset, out: str | Path, batch_size: int | Non
     with dataset_on_disk(dataset, reference) as dataset_path:
         opened = open_dataset(dataset_path)
         check_dataset(artifact, opened, Path(run_dir) / MODEL_FILE)
+        if opened.fields:  # its model takes what the user's step made of the fields: only that code knows
+            names = ", ".join(field["name"] for field in opened.fields)
+            raise ShoalError(f"{dataset_path if isinstance(dataset, (str, Path)) else 'the rows given'}: rows of "
+                             f"named fields ({names}) are fed to the model by the training step, which shoal "
+                             "predict does not run: load the model with shoal.load_model and call it yourself")
         rows_per_batch = min(batch_size or BATCH_ROWS, batch_rows(opened, memory))
         leftovers.sweep(str(out.parent), f".{out.name}.")  # what a killed predict left beside `out`
         parts = owned_folder(out)

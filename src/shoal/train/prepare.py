@@ -1,8 +1,8 @@
 """Everything a job needs that can be checked before any worker starts.
 
 The launcher calls `prepare` so that a bad dataset path, a model that does not fit the data
-or this machine's memory, or a bad optimizer setting fails at once with a one-line error; every
-worker calls it again to build the same pieces.
+or this machine's memory, a bad optimizer setting or the user's code that does not load fails at
+once with a one-line error; every worker calls it again to build the same pieces.
 """
 
 from __future__ import annotations
@@ -11,25 +11,32 @@ import difflib
 import importlib
 import inspect
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import psutil
 import torch
 
 from shoal.algorithms import Algorithm, ServerAlgorithm, make_algorithm, trainer_ranks
+from shoal.code import load_code
 from shoal.config import JobConfig
 from shoal.data.balance import check_speeds
 from shoal.data.compatible import TRAINING, check_compatible, schema
 from shoal.data.format import Dataset
+from shoal.data.holdout import TrainingRows, held_out_rows
 from shoal.data.loader import plan_memory
 from shoal.data.source import open_source
 from shoal.errors import ConfigError, first_line
 from shoal.model import build_model, code_of, current_folder_importable, output_shape
 from shoal.train.objective import Objective
 from shoal.train.schedule import make_schedule
+from shoal.train.step import Step, load_step
 from shoal.train.stopping import stop_rule
 from shoal.train.uncompiled import without_compiler
+from shoal.train.user_metrics import job_metrics
 
 UNUSABLE_OPTIMIZERS = {
     "lbfgs": "LBFGS needs a closure that recomputes the loss at every step, and shoal takes one plain step "
@@ -50,9 +57,20 @@ ALLOCATION_FAILURES = ("not enough memory", "out of memory", "allocate memory", 
 @dataclass
 class Prepared:
     train_set: Dataset
+    """The rows trained on (without the held-out ones, with train.validation_split)."""
     test_set: Dataset | None
     spec: dict
     objective: Objective
+    step: Step | None = None
+    """The user's training step, if any."""
+    transform: Callable | None = None
+    """The user's batch transform, if any."""
+    evaluate_by_step: bool = False
+    """The test set is evaluated by the user's step (its loss and logged numbers) rather than the loss's."""
+    held_out: np.ndarray | None = None
+    """With train.validation_split: the rows of `source` held out for validation."""
+    source: Dataset | None = None
+    """The training dataset as stored, held-out rows included."""
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
@@ -72,18 +90,91 @@ def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
 
 
 def make_optimizer(options: dict, parameters) -> torch.optim.Optimizer:
-    """A torch optimizer from {name = ..., other keyword arguments}; bad arguments name the key."""
-    arguments = {k: v for k, v in options.items() if k != "name"}
+    """A torch optimizer from {name = ..., other keyword arguments, param_groups = [...]}; bad arguments name
+    the key. `parameters` is the model (an nn.Module), or its parameters where no `param_groups` are given:
+    groups pick parameters by name, which only the model knows."""
     cls = optimizer_class(options["name"])
     accepted = inspect.signature(cls.__init__).parameters
-    for key, value in arguments.items():
-        if key not in accepted or key in ("self", "params"):
-            raise ConfigError(f"train.optimizer.{key}: not an argument of torch.optim.{cls.__name__}")
-        check_argument_type(f"train.optimizer.{key}", value, accepted[key].default)
+    arguments = {key: value for key, value in options.items() if key not in ("name", "param_groups")}
+    check_arguments("train.optimizer", arguments, cls, accepted)
+    if options.get("param_groups") is not None:
+        if not isinstance(parameters, torch.nn.Module):
+            raise ConfigError("train.optimizer.param_groups: picks parameters by name, so the optimizer must be "
+                              "built on the model (an nn.Module), not on a list of its parameters")
+        parameters = parameter_groups(options["param_groups"], parameters, cls, accepted, arguments)
+    elif isinstance(parameters, torch.nn.Module):
+        parameters = parameters.parameters()
     try:
         return cls(parameters, **arguments)
     except (TypeError, ValueError) as error:
         raise ConfigError(f"train.optimizer: {error}") from None
+
+
+def check_arguments(key: str, arguments: dict, cls: type, accepted) -> None:
+    """Each of `arguments` is an argument of the optimizer `cls`, of the kind its default is."""
+    for name, value in arguments.items():
+        if name not in accepted or name in ("self", "params"):
+            raise ConfigError(f"{key}.{name}: not an argument of torch.optim.{cls.__name__}")
+        check_argument_type(f"{key}.{name}", value, accepted[name].default)
+
+
+def parameter_groups(groups, model: torch.nn.Module, cls: type, accepted, arguments: dict) -> list[dict]:
+    """torch's param groups for `train.optimizer.param_groups`: each listed group (in order) takes the parameters
+    whose names its `params` pattern finds (re.search) and no earlier group took; the parameters left form the
+    last group, with the top-level settings (left out when none is left). The same model and job give the same
+    groups in the same order, so a checkpoint's optimizer state loads back."""
+    if not (isinstance(groups, list) and all(isinstance(group, dict) for group in groups)):
+        raise ConfigError("train.optimizer.param_groups: expected a list of tables, e.g. "
+                          f"[{{ params = \"bias$\", weight_decay = 0.0 }}], got {groups!r}")
+    named = list(model.named_parameters())
+    names = [name for name, _ in named]
+    taken: set[str] = set()
+    built = []
+    for index, group in enumerate(groups):
+        key = f"train.optimizer.param_groups[{index}]"
+        pattern = group_pattern(key, group.get("params"))
+        settings = {name: value for name, value in group.items() if name != "params"}
+        check_arguments(key, settings, cls, accepted)
+        matched = [name for name in names if pattern.search(name)]
+        if not matched:
+            raise ConfigError(f"{key}.params: {pattern.pattern!r} matches none of the model's parameters "
+                              f"({some_names(names)})")
+        mine = {name for name in matched if name not in taken}
+        if not mine:
+            raise ConfigError(f"{key}.params: every parameter {pattern.pattern!r} matches ({some_names(matched)}) "
+                              "is in an earlier group: a parameter joins the first group that matches it")
+        taken.update(mine)
+        members = [parameter for name, parameter in named if name in mine]
+        check_group_values(key, cls, {**arguments, **settings}, members[0])
+        built.append({"params": members, **settings})
+    rest = [parameter for name, parameter in named if name not in taken]
+    return built + [{"params": rest}] if rest else built
+
+
+def group_pattern(key: str, params) -> re.Pattern:
+    """A group's `params`: a regular expression searched in the parameters' names."""
+    if not isinstance(params, str):
+        raise ConfigError(f"{key}.params: required: a regular expression searched in the parameters' names "
+                          f"(e.g. \"bias$\" or \"^0\\\\.\"), got {params!r}")
+    try:
+        return re.compile(params)
+    except re.error as error:
+        raise ConfigError(f"{key}.params: {params!r} is not a regular expression: {error}") from None
+
+
+def check_group_values(key: str, cls: type, settings: dict, like: torch.Tensor) -> None:
+    """torch checks the values given to an optimizer's constructor (a negative rate...), not a group's: a group's
+    settings are checked by building the optimizer with them on one stand-in parameter."""
+    try:
+        cls([torch.zeros(1, dtype=like.dtype, device=like.device, requires_grad=True)], **settings)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ConfigError(f"{key}: {first_line(error)}") from None
+
+
+def some_names(names: list[str], shown: int = 6) -> str:
+    """The first few of `names`, for a message."""
+    more = f", ... ({len(names)} in all)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more if names else "it has none"
 
 
 def check_argument_type(key: str, value: Any, default: Any) -> None:
@@ -104,10 +195,11 @@ def check_argument_type(key: str, value: Any, default: Any) -> None:
             raise ConfigError(f"{key}: expected a list of {len(default)} numbers, e.g. [{example}], got {value!r}")
 
 
-def check_optimizer(options: dict, parameters) -> None:
+def check_optimizer(options: dict, parameters) -> torch.optim.Optimizer:
     """Build the optimizer once to check its settings, without importing torch's compiler (see
-    `shoal.train.uncompiled`); the training optimizer is built as usual."""
-    without_compiler(lambda: make_optimizer(options, parameters))
+    `shoal.train.uncompiled`), and give it back (the scheduler's check builds on it); the training
+    optimizer is built as usual."""
+    return without_compiler(lambda: make_optimizer(options, parameters))
 
 
 def model_spec(job: JobConfig, train_set: Dataset) -> dict:
@@ -215,10 +307,12 @@ def check_custom_loss(objective: Objective, model: torch.nn.Module, input_shape:
         raise ConfigError(f"train.loss: {objective.loss!r} must return one number, got {type(value).__name__}")
 
 
-def check_schedule(job: JobConfig) -> None:
-    """Build the scheduler on a stand-in optimizer. Where a server applies the updates, a per-step schedule
-    and clipping are refused: the trainers' optimizer takes no step, and the server's steps when updates come.
-    Accumulation merges exchanges, so it goes with the algorithms that exchange at every step."""
+def check_schedule(job: JobConfig, run_dir=None, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Build the scheduler on `optimizer` (the job's, built once to check it and thrown away after; else a
+    stand-in); a `train.scheduler.factory` shipped by value is read from `run_dir`. Where a server applies the
+    updates, a per-step schedule and clipping are refused: the trainers' optimizer takes no step, and the
+    server's steps when updates come. Accumulation merges exchanges, so it goes with the algorithms that exchange
+    at every step."""
     server = isinstance(make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups),
                         ServerAlgorithm)
     if job.train.accumulate is not None and job.algorithm.name not in ACCUMULATING:
@@ -229,8 +323,9 @@ def check_schedule(job: JobConfig) -> None:
                           "unclipped; clipping is for the collective algorithms")
     if job.train.scheduler is None:
         return
-    schedule = without_compiler(
-        lambda: make_schedule(job.train.scheduler, torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)))
+    if optimizer is None:
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    schedule = without_compiler(lambda: make_schedule(job.train.scheduler, optimizer, run_dir))
     if schedule.interval == "step" and server:
         raise ConfigError(f"train.scheduler: {job.algorithm.name} applies updates on its server, whose optimizer "
                           "steps when updates arrive: use a schedule stepped per epoch (interval = \"epoch\")")
@@ -290,21 +385,57 @@ def prepare(job: JobConfig, memory_checked: bool = False, run_dir=None) -> Prepa
     if test_set is not None:
         check_compatible(test_set, schema(train_set), f"the training set {train_set.path}", TRAINING)
     spec = model_spec(job, train_set)
-    objective = Objective(job.train.loss, train_set.num_classes)
+    objective = Objective(job.train.loss, train_set.num_classes, run_dir)
+    step = load_step(job.train.step, run_dir)  # the user's code, from the run directory where fit wrote it
+    transform = load_transform(job.data.transform, run_dir)
     if not memory_checked:
         check_model_size(spec)
     model = allocate_model(spec, run_dir)  # a shipped model is read from the run directory
-    shape = output_shape(model, spec["input"])
-    expected = objective.expected_outputs()
-    if not objective.accepts(shape):
-        what = f"{train_set.num_classes} classes" if train_set.num_classes else "a numeric label"
-        raise ConfigError(
-            f"{model_key(spec)}: the model gives outputs of shape {list(shape)}, but data.train has {what}: "
-            f"loss {job.train.loss} needs {expected} output(s) per row"
-        )
-    if objective.custom:
-        check_custom_loss(objective, model, spec["input"])
-    check_optimizer(job.train.optimizer, model.parameters())
-    check_schedule(job)
+    by_step = check_outputs(job, spec, objective, model, train_set, step)
+    optimizer = check_optimizer(job.train.optimizer, model)
+    check_schedule(job, run_dir, optimizer)
     stop_rule(job.train.stop)  # a bad train.stop fails here, before any worker starts
-    return Prepared(train_set, test_set, spec, objective)
+    job_metrics(job, run_dir, test_set is not None, by_step)
+    held_out = held_out_rows(train_set.rows, job.train.validation_split, job.train.seed) \
+        if job.train.validation_split else None
+    training = TrainingRows(train_set, held_out) if held_out is not None else train_set
+    return Prepared(training, test_set, spec, objective, step=step, transform=transform, evaluate_by_step=by_step,
+                    held_out=held_out, source=train_set)
+
+
+def load_transform(reference: str | None, run_dir) -> Callable | None:
+    """The job's data.transform function (None without one)."""
+    if reference is None:
+        return None
+    function = load_code(reference, "data.transform", run_dir)
+    if not callable(function):
+        raise ConfigError(f"data.transform: expected a function of a batch, got {type(function).__name__}")
+    return function
+
+
+def check_outputs(job: JobConfig, spec: dict, objective: Objective, model: torch.nn.Module, train_set: Dataset,
+                  step: Step | None) -> bool:
+    """Whether the model's outputs fit the loss and labels (or, with a step of the user's own, need not); True
+    when the test set is evaluated by that step (rows of fields, or outputs shoal cannot read itself)."""
+    fields = getattr(train_set, "fields", None)
+    if fields:
+        if step is None:
+            names = ", ".join(field["name"] for field in fields)
+            raise ConfigError(f"data.train: {train_set.path} holds rows of named fields ({names}): give a training "
+                              "step that feeds them to the model: train.step (shoal.fit(step=...))")
+        return True
+    try:
+        shape = output_shape(model, spec["input"])
+    except ConfigError:
+        if step is None:
+            raise
+        return True  # the step knows what the model takes and gives
+    if objective.accepts(shape):
+        if objective.custom:
+            check_custom_loss(objective, model, spec["input"])
+        return False
+    if step is not None:
+        return True
+    what = f"{train_set.num_classes} classes" if train_set.num_classes else "a numeric label"
+    raise ConfigError(f"{model_key(spec)}: the model gives outputs of shape {list(shape)}, but data.train has {what}: "
+                      f"loss {job.train.loss} needs {objective.expected_outputs()} output(s) per row")

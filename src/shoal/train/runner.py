@@ -39,6 +39,7 @@ from shoal.train.checkpoint import (
 )
 from shoal.train.coordinator import Coordinator, Shares
 from shoal.train.epoch_loops import Serving, Training
+from shoal.train.held_out import HeldOut
 from shoal.train.loop import EpochStats, Trainer
 from shoal.train.memory import current_rss, peak_rss
 from shoal.train.prepare import allocate_model, check_world_size, make_optimizer, prepare
@@ -46,6 +47,7 @@ from shoal.train.reshard import resume_resharded
 from shoal.train.schedule import make_schedule
 from shoal.train.state import TrainingState
 from shoal.train.stopping import Stopping, epoch_metrics, stop_rule
+from shoal.train.transform import Transform
 
 
 def seed_everything(seed: int) -> None:
@@ -71,6 +73,7 @@ class Runner:
         self.heartbeat: Heartbeat | None = None
         self.loader: ShardLoader | None = None
         self.algorithm: Algorithm | None = None
+        self.held_out: HeldOut | None = None  # this trainer's validation rows (train.validation_split)
         self.first_epoch = 0  # 0, or the epoch of the checkpoint this run resumes from
 
     def run(self) -> dict:
@@ -104,8 +107,8 @@ class Runner:
         self.prepared = prepare(job, memory_checked=named(info.launcher).checks_memory, run_dir=self.run_dir)
         seed_everything(job.train.seed)  # identical initial weights on every rank
         self.model = allocate_model(self.prepared.spec, self.run_dir).to(self.device)
-        self.optimizer = make_optimizer(job.train.optimizer, self.model.parameters())
-        self.schedule = make_schedule(job.train.scheduler, self.optimizer)
+        self.optimizer = make_optimizer(job.train.optimizer, self.model)
+        self.schedule = make_schedule(job.train.scheduler, self.optimizer, self.run_dir)
         groups = machine_groups(self.hosts) if job.cluster.groups == GROUP_BY_MACHINE else job.cluster.groups
         self.algorithm = make_algorithm(job.algorithm.name, job.algorithm.options, groups)
         self.algorithm.machines, self.algorithm.seed = machine_groups(self.hosts), job.train.seed
@@ -139,11 +142,15 @@ class Runner:
         if self.role is Role.TRAINER:
             self.loader = self.open_share()
             accumulate = self.steps if self.job.train.accumulate == "epoch" else self.job.train.accumulate
-            trainer = Trainer(self.model, self.optimizer, self.prepared.objective, self.algorithm, self.loader,
+            prepared, index = self.prepared, self.trainers.index(self.info.rank)
+            transform = Transform(prepared.transform, self.job.train.seed, index) if prepared.transform else None
+            trainer = Trainer(self.model, self.optimizer, prepared.objective, self.algorithm, self.loader,
                               self.comm, on_step=self.after_step, schedule=self.schedule,
                               clip_norm=self.job.train.clip_norm, precision=self.job.train.precision,
-                              accumulate=accumulate)
+                              accumulate=accumulate, step=prepared.step, transform=transform)
             self.epoch_loop = Training(trainer)
+            if prepared.held_out is not None:
+                self.held_out = HeldOut(prepared, index, len(self.trainers), self.device)
         else:
             self.epoch_loop = Serving(self.algorithm, self.steps)
         if self.coordinator is not None:
@@ -236,11 +243,13 @@ class Runner:
         return stats
 
     def after_step(self, loss: float) -> None:
-        """After every training step: the heartbeat, and on rank 0 the bar and validation."""
+        """After every training step: the heartbeat, and on rank 0 the bar, validation and the callbacks'
+        on_step (a server's rank 0 takes no steps: its callbacks hear of none)."""
         trainer = self.epoch_loop.trainer
         self.heartbeat.beat(trainer.global_step)
         if self.coordinator is not None:
             self.coordinator.after_step(trainer.epoch, trainer.global_step, trainer.step_in_epoch, loss)
+            self.stopping.callbacks.step(trainer.global_step, loss)
 
     def after_update(self, version: int) -> None:
         """After every update a server applies: the heartbeat, and validation when due."""
@@ -257,12 +266,12 @@ class Runner:
         moved = self.balancer.observe(per_rank)  # before the checkpoint, which holds the next epoch's shares
         if self.schedule is not None:  # every rank steps with the same loss: the mean over all trainers
             self.schedule.after_epoch(sum(s.loss_sum for s in per_rank) / max(sum(s.rows for s in per_rank), 1))
-        reason = None
+        reason, reports = None, self.epoch_reports()
         if self.coordinator is not None:
             record = self.coordinator.end_epoch(epoch, self.epoch_loop.global_step, per_rank, self.trainers,
                                                 [self.hosts[rank] for rank in self.trainers], self.algorithm,
-                                                Shares(self.balancer.mode, shares, moved and moved.shares))
-            reason = self.stopping.decide(epoch, epoch_metrics(record))
+                                                Shares(self.balancer.mode, shares, moved and moved.shares), reports)
+            reason = self.stopping.decide(epoch, epoch_metrics(record), self.algorithm.consensus)
         if self.stoppable and epoch + 1 < self.job.train.epochs:
             self.stopped = self.comm.broadcast_object(reason)  # every rank leaves at the same epoch
             if self.stopped:
@@ -276,6 +285,19 @@ class Runner:
             self.save_checkpoint(epoch + 1)
         if stopping:
             raise StopRequested(epoch + 1)
+
+    def epoch_reports(self) -> list[dict] | None:
+        """Each trainer's sums of what the user's step logged, and its metrics on the rows it holds out, for the
+        coordinator; one gather, only in a job that has either."""
+        if self.job.train.step is None and not self.job.train.validation_split:
+            return None
+        mine = {}
+        if self.role is Role.TRAINER:
+            mine["logged"] = self.epoch_loop.trainer.logged.take()
+            if self.held_out is not None:  # its own replica: the algorithm's rounds of the epoch are done
+                mine["held_out"] = self.held_out.metrics(self.model)
+        gathered = self.comm.all_gather_object(mine)
+        return [gathered[rank] for rank in self.trainers]
 
     def save_checkpoint(self, epochs_done: int) -> None:
         began = time.perf_counter()
@@ -293,7 +315,8 @@ class Runner:
         final = {}
         if self.coordinator is not None:
             self.coordinator.complete(self.algorithm, time.perf_counter() - self.began,
-                                      self.epoch_loop.global_step, memory, self.epochs_done, self.stopped)
+                                      self.epoch_loop.global_step, memory, self.epochs_done, self.stopped,
+                                      self.stopping.callbacks)
             final = self.coordinator.final
         self.comm.barrier()  # nobody leaves (and tears down the group) while the coordinator still writes
         self.heartbeat.close()

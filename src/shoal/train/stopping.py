@@ -5,17 +5,33 @@ ends a job whose metric has stopped improving. Both are decided on rank 0 (the c
 holds the epoch's metrics, and every rank learns the decision at the same epoch's end, so no rank
 waits in a collective the others have left. The patience count is part of the checkpoint: a
 resumed job waits exactly as long as one that ran straight through.
+
+The user's callbacks (`shoal.fit(callbacks=[...])`) live on rank 0 too, each with any of three
+hooks: `on_epoch_end(epoch, metrics)`, or `on_epoch_end(epoch, metrics, model)` when it takes three
+positional parameters, after each epoch's record (a True return stops the job); `on_step(step, loss)`
+after every training step rank 0 takes (none where rank 0 is a parameter server: it serves, the
+trainers step); and `on_train_end(metrics, model)` once, after the model is saved (metrics named as
+on_epoch_end's: the last epoch's `train_loss`, the latest `test_<name>`). `model` is the consensus
+model (what is evaluated and saved: EASGD's centre, not rank 0's replica), lent for the call in eval
+mode under torch.no_grad: read it, run it, copy it (copy.deepcopy) to keep it, but do not change it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from shoal.errors import ConfigError
+import torch
+
+from shoal.errors import ConfigError, ShoalError
 from shoal.events import EpochEnd
 
 STOP_KEYS = ("metric", "below", "above", "patience", "min_delta")
+HOOKS = ("on_epoch_end", "on_step", "on_train_end")
+"""A callback's methods shoal calls; each is optional, and a callback has at least one."""
 LOWER_IS_BETTER = ("loss", "rmse")  # a metric whose name holds one of these improves by going down
 
 
@@ -64,20 +80,101 @@ def epoch_metrics(record: EpochEnd) -> dict[str, float]:
     return {"train_loss": record.train_loss, **{f"test_{name}": value for name, value in record.test.items()}}
 
 
+def takes_model(method: Callable) -> bool:
+    """Whether a hook takes the model: on_epoch_end(epoch, metrics, model) rather than (epoch, metrics)."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: called as documented first
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
+
+
+@contextlib.contextmanager
+def lent(model: torch.nn.Module | None):
+    """`model` in eval mode without gradients for a callback, its mode restored after."""
+    if model is None:
+        yield None
+        return
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was_training)
+
+
+class Callbacks:
+    """The user's callbacks, on rank 0; a failure inside one is one line naming its class and hook."""
+
+    def __init__(self, callbacks=()):
+        self.callbacks = list(callbacks)
+        self.stepping = [callback for callback in self.callbacks if hook(callback, "on_step")]
+
+    def __bool__(self) -> bool:
+        return bool(self.callbacks)
+
+    def epoch_end(self, epoch: int, metrics: dict[str, float], lend: Callable | None = None) -> list[str]:
+        """Tell every callback of the epoch; the reasons of those that ask to stop. `lend`: gives the consensus
+        model as a context (`Algorithm.consensus`), entered once, only when a callback takes the model."""
+        hearing = [callback for callback in self.callbacks if hook(callback, "on_epoch_end")]
+        wanting = lend is not None and any(takes_model(callback.on_epoch_end) for callback in hearing)
+        reasons = []
+        with lend() if wanting else contextlib.nullcontext() as model:
+            for callback in hearing:
+                with blamed(callback, "on_epoch_end"):
+                    if takes_model(callback.on_epoch_end):
+                        with lent(model) as lent_model:
+                            stop = callback.on_epoch_end(epoch, dict(metrics), lent_model)
+                    else:
+                        stop = callback.on_epoch_end(epoch, dict(metrics))
+                if stop:
+                    reasons.append(f"a callback ({type(callback).__name__}) asked to stop")
+        return reasons
+
+    def step(self, step: int, loss: float) -> None:
+        """After a training step of rank 0's: `step` counts the job's steps from 1 (resumed jobs go on counting)."""
+        for callback in self.stepping:
+            with blamed(callback, "on_step"):
+                callback.on_step(step, loss)
+
+    def train_end(self, metrics: dict[str, float], model: torch.nn.Module) -> None:
+        """Once, after the last epoch, with the model as saved."""
+        for callback in self.callbacks:
+            if hook(callback, "on_train_end"):
+                with blamed(callback, "on_train_end"), lent(model) as lent_model:
+                    callback.on_train_end(dict(metrics), lent_model)
+
+
+def hook(callback, name: str) -> bool:
+    return callable(getattr(callback, name, None))
+
+
+@contextlib.contextmanager
+def blamed(callback, name: str):
+    try:
+        yield
+    except Exception as error:  # whatever the user's code raises
+        text = str(error).strip()
+        detail = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+        raise ShoalError(f"callbacks: {type(callback).__name__}.{name}: {detail}") from error
+
+
 class Stopping:
     """Rank 0's judge: the rule and the callbacks, asked after each epoch's record."""
 
-    def __init__(self, rule: StopRule | None, callbacks: list):
-        self.rule, self.callbacks = rule, list(callbacks)
+    def __init__(self, rule: StopRule | None, callbacks):
+        """`callbacks`: the user's (a list, or `Callbacks`)."""
+        self.rule = rule
+        self.callbacks = callbacks if isinstance(callbacks, Callbacks) else Callbacks(callbacks)
         self.best: float | None = None
         self.waited = 0  # epochs since the metric last improved
 
-    def decide(self, epoch: int, metrics: dict[str, float]) -> str | None:
-        """Why the job stops after `epoch` (from 0), or None; every callback hears of every epoch."""
-        reasons = [self._rule_says(metrics)]
-        for callback in self.callbacks:
-            if callback.on_epoch_end(epoch, dict(metrics)):
-                reasons.append(f"a callback ({type(callback).__name__}) asked to stop")
+    def decide(self, epoch: int, metrics: dict[str, float], lend: Callable | None = None) -> str | None:
+        """Why the job stops after `epoch` (from 0), or None; every callback hears of every epoch. `lend`: gives
+        the consensus model as a context, for callbacks whose on_epoch_end takes it (None: they get None)."""
+        reasons = [self._rule_says(metrics), *self.callbacks.epoch_end(epoch, metrics, lend)]
         return next((reason for reason in reasons if reason), None)
 
     def _rule_says(self, metrics: dict[str, float]) -> str | None:

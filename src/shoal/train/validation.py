@@ -12,6 +12,11 @@ as the epoch's evaluation and the saved model use): EASGD's centre, not rank 0's
 that model cannot be had on rank 0 alone (model averaging between two averages, when the mean
 of the replicas lives on no rank), a validation due waits for the next moment the replicas
 agree.
+
+The user's own metrics (`train.metrics`) are computed here too, each stateful one (a torchmetrics
+object) a copy of the one each epoch's evaluation uses, so the thread never shares state with the epoch's evaluation. A
+failure inside one ends the job at the next step's offer (or the epoch's evaluation), as it would
+have at the epoch's end, instead of dying quietly with its thread.
 """
 
 from __future__ import annotations
@@ -24,19 +29,25 @@ import time
 import torch
 
 from shoal.algorithms import Algorithm
+from shoal.errors import ShoalError
 from shoal.events import EventLog, Validation
-from shoal.train.objective import Objective, evaluate
+from shoal.train.objective import Objective
+from shoal.train.step import evaluate_rows
 
 
 class Validator:
     """Background evaluations of snapshots of `model`, every `every` counts or `seconds` seconds."""
 
     def __init__(self, model: torch.nn.Module, objective: Objective, rows, convert, events: EventLog | None,
-                 every: int = 0, seconds: float = 0.0, algorithm: Algorithm | None = None):
-        """`algorithm`: the job's, bound to `model`, whose consensus is what gets validated (None: `model`)."""
+                 every: int = 0, seconds: float = 0.0, algorithm: Algorithm | None = None, metrics=None,
+                 step=None):
+        """`algorithm`: the job's, bound to `model`, whose consensus is what gets validated (None: `model`).
+        `metrics`: the user's own (`UserMetrics`), for this validator alone (not shared with another thread).
+        `step`: the user's step, where it evaluates the test set (shoal cannot read the model's outputs)."""
         self.enabled = bool(every or seconds) and rows is not None and events is not None
         self.model, self.objective, self.rows, self.convert, self.events = model, objective, rows, convert, events
-        self.algorithm = algorithm
+        self.algorithm, self.metrics, self.step = algorithm, metrics, step
+        self.failure: ShoalError | None = None  # a user's metric that failed in the thread
         self.every, self.seconds = every, seconds
         self.shadow = copy.deepcopy(model) if self.enabled else None
         self.last_count, self.last_time = 0, time.monotonic()
@@ -44,14 +55,16 @@ class Validator:
         self.epoch = 0
 
     @classmethod
-    def from_job(cls, job, prepared, model, rows, convert, events, algorithm: Algorithm | None = None) -> Validator:
+    def from_job(cls, job, prepared, model, rows, convert, events, algorithm: Algorithm | None = None,
+                 metrics=None) -> Validator:
         return cls(model, prepared.objective, rows, convert, events, job.train.validate_every,
-                   job.train.validate_seconds, algorithm)
+                   job.train.validate_seconds, algorithm, metrics, prepared.step if prepared.evaluate_by_step else None)
 
     def offer(self, count: int) -> None:
         """Called after each update or step with its count: start a validation if one is due."""
         if not self.enabled:
             return
+        self.raise_failure()
         due = (self.every and count - self.last_count >= self.every) or (
             self.seconds and time.monotonic() - self.last_time >= self.seconds)
         if not due or (self.thread is not None and self.thread.is_alive()) or not self.snapshot():
@@ -73,8 +86,13 @@ class Validator:
 
     def _validate(self, count: int) -> None:
         began = time.perf_counter()
-        with torch.no_grad():
-            metrics = evaluate(self.shadow, self.objective, *self.rows, convert=self.convert)
+        try:
+            with torch.no_grad():
+                metrics = evaluate_rows(self.shadow, self.objective, self.step, *self.rows, convert=self.convert,
+                                        metrics=self.metrics)
+        except ShoalError as error:  # the user's metric: raised on the training thread, at its next offer
+            self.failure = error
+            return
         self.events.write(Validation(count=count, test=metrics, seconds=time.perf_counter() - began))
 
     @contextlib.contextmanager
@@ -82,7 +100,13 @@ class Validator:
         """Let a running validation finish first (the epoch's own evaluation comes next)."""
         if self.thread is not None:
             self.thread.join()
+        self.raise_failure()
         yield
+
+    def raise_failure(self) -> None:
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            raise failure
 
     def close(self) -> None:
         if self.thread is not None:

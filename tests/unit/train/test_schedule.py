@@ -105,6 +105,9 @@ def test_clipping_bounds_each_step(tmp_path):
     ({"scheduler": {"name": "StepLR", "stepsize": 1}}, "sync", "train.scheduler.stepsize: not an argument"),
     ({"scheduler": {"name": "LambdaLR"}}, "sync", "takes a Python function"),
     ({"scheduler": {"name": "StepLR", "step_size": 1, "interval": "batch"}}, "sync", "train.scheduler.interval"),
+    ({"scheduler": {"name": "ReduceLROnPlateau", "interval": "step"}}, "sync", "train.scheduler.interval: "
+                                                                             "ReduceLROnPlateau steps on the epoch's"),
+    ({"scheduler": {"name": "SequentialLR"}}, "sync", "give a function that builds it: train.scheduler.factory"),
     ({"scheduler": {"name": "OneCycleLR", "max_lr": 0.1, "total_steps": 9}}, "downpour", "per epoch"),
     ({"clip_norm": 1.0}, "downpour", "train.clip_norm: downpour sends"),
 ])

@@ -53,12 +53,14 @@ def scalars(event: Event, world_size: int | None = None) -> Scalars | None:
 
 
 def epoch_values(event: EpochEnd, world_size: int | None = None) -> dict[str, float]:
-    """An epoch's train loss, test metrics, throughput, time split, the algorithm's numbers and the world size
-    it trained on (when known)."""
+    """An epoch's train loss, test metrics, throughput, time split, the algorithm's numbers, what the user's step
+    logged, the held-out rows' metrics and the world size it trained on (when known)."""
     values = {"train/loss": event.train_loss, **prefixed("test", event.test),
               "throughput/samples_per_second": event.samples_per_second, "time/epoch": event.seconds}
     values.update(prefixed("time", event.seconds_split.parts()))
     values.update(prefixed("algorithm", flat(event.algorithm or {})))
+    values.update(prefixed("train", event.train_metrics or {}))  # the user's step's numbers: train/penalty
+    values.update(prefixed("held_out", event.validation or {}))  # validation/ is the background validation's
     if world_size:
         values[WORLD_SIZE] = float(world_size)
     return values

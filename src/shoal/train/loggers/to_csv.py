@@ -1,13 +1,14 @@
 """RUN_DIR/metrics.csv: one row per epoch_end record, for a spreadsheet or pandas.
 
-The columns are fixed when the file is made (the epoch, its totals, every test metric the
-objective can give, the time split), so a row never needs a column the header lacks; columns are
-named as epoch_end's fields, nested ones dotted (`test.accuracy`, `seconds_split.compute`), then
-`world_size`: the workers of the attempt that trained the epoch (it changes between epochs in a job
-whose machines change; a file begun before the column existed goes on without it). Each
-row is flushed to disk as it is written, so a crashed job keeps its epochs. A resumed job
-appends under the header already there (a row cut short by a crash is dropped first); an epoch
-redone after a restart gets a second row, as it has a second record. The file is never opened
+The columns are fixed by the first epoch's record (the epoch, its totals, every test metric the
+objective can give and the job's own, `train.metrics`, the numbers the user's step logs, the held-out
+rows' metrics, the time split), so a row never needs a column the header lacks; columns are named as
+epoch_end's fields, nested ones dotted (`test.accuracy`, `train_metrics.penalty`, `validation.loss`,
+`seconds_split.compute`), then `world_size`: the workers of the attempt that trained the epoch (it
+changes between epochs in a job whose machines change; a file begun before the column existed goes
+on without it). Each row is flushed to disk as it is written, so a crashed job keeps its epochs. A
+resumed job appends under the header already there (a row cut short by a crash is dropped first); an
+epoch redone after a restart gets a second row, as it has a second record. The file is never opened
 through a symbolic link (`shoal.safe_files`).
 """
 
@@ -32,9 +33,18 @@ def columns(test_metrics: Sequence[str]) -> list[str]:
             WORLD_SIZE]
 
 
+def own_columns(event: EpochEnd) -> list[str]:
+    """The columns of the numbers the user's step logs and of the held-out rows' metrics, as the first epoch
+    names them (the step logs the same names every epoch; the held-out metrics are the loss's)."""
+    return [*(f"train_metrics.{name}" for name in event.train_metrics or {}),
+            *(f"validation.{name}" for name in event.validation or {})]
+
+
 def row(event: EpochEnd, world_size: int | None = None) -> dict:
     values = {name: getattr(event, name) for name in TOTALS}
     values.update({f"test.{name}": value for name, value in event.test.items()})
+    values.update({f"train_metrics.{name}": value for name, value in (event.train_metrics or {}).items()})
+    values.update({f"validation.{name}": value for name, value in (event.validation or {}).items()})
     values.update({f"seconds_split.{part}": seconds for part, seconds in event.seconds_split.parts().items()})
     values[WORLD_SIZE] = world_size  # an unknown one is an empty cell
     return values
@@ -46,15 +56,19 @@ class CsvLogger:
         header = existing_header(self.path)
         descriptor = open_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self.handle = os.fdopen(descriptor, "a", newline="", encoding="utf-8")
-        self.writer = csv.DictWriter(self.handle, header or columns(test_metrics), extrasaction="ignore")
-        if header is None:
-            self.writer.writeheader()
-            self.flush()
+        self.test_metrics = test_metrics
+        # a new file's header waits for the first epoch, which names the step's logged numbers
+        self.writer = csv.DictWriter(self.handle, header, extrasaction="ignore") if header else None
         self.world_size = WorldSize()
 
     def write(self, event: Event) -> None:
         self.world_size.follow(event)
         if isinstance(event, EpochEnd):
+            if self.writer is None:
+                header = columns(self.test_metrics)
+                self.writer = csv.DictWriter(self.handle, [*header[:-1], *own_columns(event), header[-1]],
+                                             extrasaction="ignore")
+                self.writer.writeheader()
             self.writer.writerow(row(event, self.world_size.value))
             self.flush()
 

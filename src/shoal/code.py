@@ -1,0 +1,70 @@
+"""The user's code that a job names: a training step, a loss, a transform, a scheduler, metrics.
+
+A job is data every worker reads, so code enters it by reference, in one of two forms:
+`"package.module:function"` (imported where it runs, as `model.factory` is) or the name of a file
+in the run directory that `shoal.fit` wrote the user's object into by value (`"train.step.pkl"`),
+so a function defined in a notebook works too. Either runs code: read back from a run directory,
+a job's references are loaded only on the user's word (`--trust-code`; see `job_code`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from typing import Any
+
+from shoal.errors import ConfigError, first_line
+
+IMPORTED = re.compile(r"[\w.]+:\w+")
+"""`package.module:function`."""
+SHIPPED = re.compile(r"[\w.-]+\.pkl")
+"""A file in the run directory holding an object written by value."""
+
+
+def check_reference(key: str, value: Any) -> None:
+    """`value` names code the way a job may: one line naming `key` otherwise."""
+    if isinstance(value, str) and (IMPORTED.fullmatch(value) or SHIPPED.fullmatch(value)):
+        return
+    raise ConfigError(f"{key}: expected 'package.module:function' (or a file shoal.fit wrote into the run "
+                      f"directory, NAME.pkl), got {value!r}")
+
+
+def is_reference(value: Any) -> bool:
+    return isinstance(value, str) and bool(IMPORTED.fullmatch(value) or SHIPPED.fullmatch(value))
+
+
+def shipped(value: Any) -> bool:
+    """Whether a reference names a file written by value (rather than an importable function)."""
+    return isinstance(value, str) and bool(SHIPPED.fullmatch(value))
+
+
+def load_code(reference: str, key: str, run_dir: str | Path | None) -> Any:
+    """The object a reference names: imported, or read from the run directory's file (whose code runs as it
+    loads: call only for a job the user wrote or vouched for). Failures are one line naming `key`."""
+    from shoal.model import current_folder_importable, object_file
+    from shoal.objects import load_object
+
+    check_reference(key, reference)
+    if shipped(reference):
+        return load_object(object_file(reference, run_dir, key), key)
+    module_name, _, name = reference.partition(":")
+    with current_folder_importable():
+        try:
+            return getattr(importlib.import_module(module_name), name)
+        except Exception as error:  # ImportError, AttributeError, or whatever the module raises as it loads
+            raise ConfigError(f"{key}: cannot import {reference!r}: {first_line(error)}") from None
+
+
+def job_code(job) -> list[tuple[str, str]]:
+    """(its key, its reference) for every piece of the user's code a job names besides the model's: what a
+    run directory's job.toml would make shoal run."""
+    train = job.train
+    found = [("train.loss", train.loss)] if is_reference(train.loss) else []
+    found += [(key, value) for key, value in (("train.step", train.step), ("data.transform", job.data.transform))
+              if value]
+    factory = (train.scheduler or {}).get("factory")
+    if factory:
+        found.append(("train.scheduler.factory", factory))
+    found += [(f"train.metrics.{name}", value) for name, value in (train.metrics or {}).items()]
+    return found
