@@ -7,7 +7,7 @@ The script as an Accelerate user writes it (the loop is theirs; Accelerate wraps
 
     accelerator = Accelerator()
     model, optimizer = Net(), torch.optim.AdamW(Net().parameters(), lr=3e-3, weight_decay=1e-4)
-    scheduler = warm_up_then_cosine(optimizer)
+    scheduler = warm_up_then_cosine(optimizer, total=epochs * len(loader))
     loader = DataLoader(TensorDataset(images, labels), batch_size=128, shuffle=True)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     for epoch in range(epochs):
@@ -27,6 +27,8 @@ scheduler from shoal's optimizer. The functions travel to the workers by value.
 from __future__ import annotations
 
 import argparse
+import functools
+import math
 from pathlib import Path
 
 import torch
@@ -34,6 +36,8 @@ from torch import nn
 
 import shoal
 from shoal.data.synthetic import synth_digits
+
+BATCH = 128  # rows per worker per step, as Accelerate's per-device batch
 
 
 class Net(nn.Module):
@@ -67,10 +71,12 @@ def shift(batch):
     return images.reshape(len(labels), -1), labels
 
 
-def warm_up_then_cosine(optimizer, warm_up: int = 20, total: int = 400):
-    """A linear warm-up, then a cosine decay: two schedulers, which a job file's scheduler name cannot say."""
+def warm_up_then_cosine(optimizer, total: int, warm_up: int = 20):
+    """A linear warm-up, then a cosine decay to zero at the last of `total` steps: two schedulers, which a job
+    file's scheduler name cannot say."""
+    warm_up = min(warm_up, total // 2)
     warm = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=warm_up)
-    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total - warm_up)
+    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(total - warm_up, 1))
     return torch.optim.lr_scheduler.SequentialLR(optimizer, [warm, cosine], milestones=[warm_up])
 
 
@@ -91,11 +97,13 @@ def main() -> None:
     parser.add_argument("--run-dir", type=Path, default=None)
     args = parser.parse_args()
     train, test = digits(args.data, args.rows)
+    steps = args.epochs * math.ceil(args.rows / args.workers / BATCH)  # each worker's optimizer steps
     result = shoal.fit(
-        model=Net(), train=train, test=test, workers=args.workers, epochs=args.epochs, batch_size=128,
+        model=Net(), train=train, test=test, workers=args.workers, epochs=args.epochs, batch_size=BATCH,
         algorithm="sync", optimizer={"name": "adamw", "lr": 3e-3, "weight_decay": 1e-4},
         step=training_step, transform=shift,
-        scheduler={"factory": warm_up_then_cosine, "interval": "step"},  # stepped after every optimizer step
+        # stepped after every optimizer step; the steps it spans as the workers take them
+        scheduler={"factory": functools.partial(warm_up_then_cosine, total=steps), "interval": "step"},
         run_dir=args.run_dir)
     for epoch in result.epochs:
         print(f"epoch {epoch.epoch}: train loss {epoch.train_loss:.3f}, batch accuracy "

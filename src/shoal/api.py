@@ -270,10 +270,11 @@ def resumed_job(run_dir: str | Path, overrides=(), trust_code: bool = False) -> 
     trust = trust_code or named_factory(overrides) or False
     check_trusted({"factory": job.model.factory, "object": job.model.object, "loss": job.train.loss}, str(job_file),
                   trust)
+    given = given_keys(overrides)
     for key, reference in job_code(job):
-        if trust is not True:
+        if trust is not True and key not in given:
             raise ConfigError(f"{job_file}: {key} {reference!r} is code; resuming would run it: pass --trust-code "
-                              "(trust_code=True) if you trust this run directory")
+                              f"(trust_code=True) if you trust this run directory, or give it again (--set {key}=...)")
     return job
 
 

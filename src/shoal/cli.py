@@ -110,8 +110,9 @@ def node_secret(args: argparse.Namespace) -> str | None:
 
 
 def trust_flag(job, hosts: bool = False) -> str:
-    """What a resume of this job needs: a job whose model is code (a model.factory or model.object) is
-    refused without --trust-code, and so is, started on `hosts`, one whose cluster.remote is not ssh's."""
+    """What a resume of this job needs: a job that names code (a model.factory or model.object, or the user's
+    loss, step, transform, scheduler factory or metrics) is refused without --trust-code, and so is, started
+    on `hosts`, one whose cluster.remote is not ssh's."""
     from shoal.code import job_code
     from shoal.config import ClusterConfig
 
@@ -391,8 +392,9 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--run-dir", type=Path, help="where the job writes (default runs/<job>-<date>-<time>)")
     train.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its newest checkpoint")
     train.add_argument("--trust-code", action="store_true",
-                       help="with --resume: build the model even if the run's job.toml names a model.factory "
-                            "or a model.object (loading it runs code from the run directory)")
+                       help="with --resume: run the code the run's job.toml names (a model.factory or model.object, "
+                            "a train.loss, train.step, data.transform, scheduler factory or metric function: "
+                            "loading it runs code from the run directory)")
     train.add_argument("--max-restarts", type=int, default=0,
                        help="restart failed workers from the newest checkpoint up to this many times")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

@@ -117,15 +117,17 @@ class TrainConfig:
     """cross_entropy (class logits), binary_cross_entropy (one logit), mse, a torch.nn loss class by name
     ("SmoothL1Loss", "NLLLoss", ...) or "package.module:function" taking (outputs, labels)."""
     step: str | None = None
-    """Your own training step, "package.module:function": step(model, batch) returns the loss, or a dict with
-    "loss" and other numbers to log; batch is what the data yields ((inputs, labels), or a dict). shoal still
-    runs the backward pass, accumulation, clipping, precision and the algorithm's exchange."""
+    """Your own training step, "package.module:function": step(model, batch) returns the loss, a mean over the
+    batch's rows (shoal weighs batches and workers by their rows), or a dict with "loss" and other numbers to
+    log; batch is what the data yields ((inputs, labels), or a dict). shoal still runs the backward pass,
+    accumulation, clipping, precision and the algorithm's exchange."""
     metrics: dict | None = None
     """Test metrics of your own: name = "package.module:function" taking (outputs, labels) of the whole test set
     and returning a number (or an object with update/compute/reset, as torchmetrics' are)."""
     validation_split: float = 0.0
-    """Each training worker holds out this share of its rows (0 to < 1) and reports its model's metrics on them
-    after every epoch (in `epoch_end.validation`)."""
+    """This share of the training rows (0 to < 1) is held out, drawn by the seed (the same rows for any number
+    of workers); each training worker validates its slice of them with its own model after every epoch
+    (`epoch_end.validation`, and each worker's)."""
     seed: int = 0
     """Seeds model initialisation, shuffling and dropout: the same seed gives the same run."""
     eval_every: int = 1

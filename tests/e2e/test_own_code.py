@@ -17,8 +17,9 @@ from sklearn.metrics import f1_score
 from torch import nn
 
 import shoal
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, ShoalError
 from shoal.events import read_events
+from shoal.train.export import export
 from tests.e2e.jobs import FEATURES, write_task
 
 ROWS, TEST_ROWS, BATCH = 1200, 300, 50
@@ -82,8 +83,14 @@ def test_a_step_of_your_own_on_dict_batches_trains_under_each_algorithm(algorith
     assert set(result.metrics) == {"loss", "penalty", "task_loss"}
     with open(result.run_dir / "metrics.csv", newline="") as file:
         rows = list(csv.DictReader(file))
+    assert "test.accuracy" not in rows[0]  # the step evaluates the test set: its loss and what it logs
+    assert [float(row["test.task_loss"]) for row in rows] == pytest.approx([e["test"]["task_loss"] for e in ends])
     assert [float(row["train_metrics.penalty"]) for row in rows] == pytest.approx([e["train_metrics"]["penalty"]
                                                                            for e in ends])
+    if algorithm == "sync":  # the model takes what the step made of the fields: no file taking stored rows
+        with pytest.raises(ShoalError, match=r"trained on rows of named fields \(x, id\).*safetensors"):
+            export(result.run_dir, "torchscript", tmp_path / "model.pt")
+        assert not (tmp_path / "model.pt").exists()
 
 
 def test_a_random_transform_runs_on_every_row_every_epoch_and_a_restart_keeps_its_draws(tmp_path):
@@ -162,10 +169,15 @@ def test_groups_a_scheduler_function_and_a_metric_resume_exactly(tmp_path):
     assert killed.metrics["f1"] == pytest.approx(f1_score(test[1], predicted), abs=1e-9)
 
 
-def test_each_worker_reports_its_held_out_rows(tmp_path):
-    result = shoal.fit(model=Network(), train=task(ROWS, 0), test=task(TEST_ROWS, 1), workers=2,
+def test_each_worker_reports_its_held_out_rows_and_a_loss_object_is_the_loss(tmp_path):
+    weighted = nn.CrossEntropyLoss(weight=torch.tensor([1.0, 3.0]))
+    test = task(TEST_ROWS, 1)
+    result = shoal.fit(model=Network(), train=task(ROWS, 0), test=test, workers=2, loss=weighted,
                        validation_split=0.2, run_dir=tmp_path / "run", optimizer={"name": "adam", "lr": 0.01},
                        **SETTINGS)
+    with torch.no_grad():
+        expected = weighted(result.model(torch.from_numpy(test[0])), torch.from_numpy(test[1]))
+    assert result.metrics["loss"] == pytest.approx(float(expected), rel=1e-5)
     ends = epoch_ends(result.run_dir)
     assert [end["samples"] for end in ends] == [ROWS - 240] * 3  # 20% of the rows never trained on
     for end in ends:
@@ -203,3 +215,44 @@ def test_the_accelerate_port_trains_the_digits(tmp_path, project_env):
     assert [sorted(end["train_metrics"]) for end in ends] == [["accuracy"], ["accuracy"]]
     assert ends[-1]["test"]["accuracy"] > 0.7
     assert "final:" in finished.stdout
+
+
+def test_a_job_file_names_the_same_code_by_module(tmp_path, project_env):
+    """`shoal train` with a job file: train.step, data.transform, a scheduler factory, a metric, parameter groups
+    and a validation split, imported in every worker by name."""
+    train, test = write_task(tmp_path)
+    job = tmp_path / "job.toml"
+    job.write_text(f"""
+[model]
+layers = [{{ dense = 16, activation = "relu" }}, {{ dense = 2 }}]
+[data]
+train = "{train}"
+test = "{test}"
+transform = "tests.support.own_code:jitter"
+[algorithm]
+name = "averaging"
+reset_optimizer = true
+[train]
+epochs = 2
+batch_size = 100
+step = "tests.support.own_code:step"
+metrics = {{ positives = "tests.support.own_code:positives" }}
+validation_split = 0.1
+optimizer = {{ name = "adam", lr = 0.01, param_groups = [{{ params = '^0\\.', lr = 0.002 }}] }}
+scheduler = {{ factory = "tests.support.own_code:warm_up", interval = "step" }}
+[output]
+progress = "none"
+""")
+    finished = subprocess.run([sys.executable, "-m", "shoal", "train", str(job), "--workers", "2", "--run-dir",
+                               str(tmp_path / "run")], capture_output=True, text=True, env=project_env, timeout=120)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    ends = epoch_ends(tmp_path / "run")
+    assert [sorted(end["train_metrics"]) for end in ends] == [["penalty"], ["penalty"]]
+    assert all(0 <= end["test"]["positives"] <= 1 and end["validation"]["rows"] == 600 for end in ends)
+    checkpoint = torch.load(sorted((tmp_path / "run" / "checkpoints").glob("epoch-*"))[-1] / "rank-00000.pt",
+                            weights_only=False)
+    rates = [group["lr"] for group in checkpoint["optimizer"]["param_groups"]]
+    assert rates == [pytest.approx(0.002), pytest.approx(0.01)]  # warmed up by then: the groups' own rates
+    resumed = subprocess.run([sys.executable, "-m", "shoal", "train", "--resume", str(tmp_path / "run")],
+                             capture_output=True, text=True, env=project_env, timeout=60)
+    assert resumed.returncode == 2 and "--trust-code" in resumed.stderr

@@ -229,3 +229,32 @@ def test_a_copied_run_without_its_pickle_does_not_read_the_originals(tmp_path, m
     with pytest.raises(ConfigError) as caught:
         build_model({"input": [3], "object": "model.object.pkl"}, copy)
     assert str(caught.value) == f"model.object: {copy / 'model.object.pkl'}: no such file in the run directory"
+
+
+# ---------------------------------------------------------------- resume: the user's own code the job names
+
+
+@pytest.mark.parametrize("key,toml", [
+    ("train.step", 'train = { step = "os:system" }'),
+    ("data.transform", 'transform = "os:system"'),
+    ("train.loss", 'train = { loss = "train.loss.pkl" }'),
+    ("train.scheduler.factory", 'train = { scheduler = { factory = "os:system" } }'),
+    ("train.metrics.f1", 'train = { metrics = { f1 = "os:system" } }'),
+])
+def test_a_run_naming_code_of_its_own_is_resumed_only_when_trusted_or_given_again(tmp_path, key, toml):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    train = write_dataset(tmp_path / "train")
+    in_data = key == "data.transform"
+    (run_dir / "job.toml").write_text(f'model = {{ layers = [{{ dense = 2 }}] }}\n'
+                                      f'data = {{ train = "{train}"{", " + toml if in_data else ""} }}\n'
+                                      f'{"" if in_data else toml}\n')
+    reference = toml.split('"')[1]
+    with pytest.raises(ConfigError) as caught:
+        resumed_job(run_dir)
+    assert str(caught.value) == (f"{run_dir / 'job.toml'}: {key} {reference!r} is code; resuming would run it: pass "
+                                 f"--trust-code (trust_code=True) if you trust this run directory, or give it again "
+                                 f"(--set {key}=...)")
+    assert resumed_job(run_dir, trust_code=True) is not None
+    assert resumed_job(run_dir, [f'{key}="{reference}"']) is not None
+    assert trust_flag(resumed_job(run_dir, trust_code=True)) == " --trust-code"

@@ -303,3 +303,10 @@ class ShardLoader:
         if self.cache is not None:
             self.features, self._buffers = None, []
             self.cache.close()
+
+
+def owned(batch):
+    """A batch whose tensors are its own, not views of the rows held (the user's code may change them in place)."""
+    if isinstance(batch, dict):
+        return {name: value.clone() for name, value in batch.items()}
+    return tuple(owned(value) if isinstance(value, dict) else value.clone() for value in batch)

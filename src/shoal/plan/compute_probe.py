@@ -310,10 +310,13 @@ def loop_steps(probed_step: float) -> int:
 
 
 def loop_job(job: JobConfig, train: Path, threads: int) -> dict:
-    """`job` as a one-worker job of LOOP_EPOCHS epochs on `train`: no test set, checkpoints or algorithm."""
+    """`job` as a one-worker job of LOOP_EPOCHS epochs on `train`: no test set (nor metrics, a stop rule or a
+    validation split), checkpoints or algorithm; the user's step and transform are kept, as the job runs them."""
     loop = copy.deepcopy(job)
     loop.data.train, loop.data.test = str(train), None
     loop.train.epochs, loop.train.validate_every, loop.train.validate_seconds = LOOP_EPOCHS, 0, 0
+    # what needs the test set or holds rows out goes with it: the loop times the steps on the rows it is given
+    loop.train.metrics, loop.train.stop, loop.train.validation_split = None, None, 0.0
     loop.algorithm.name, loop.algorithm.options = "none", {}
     loop.checkpoint.every = 0
     loop.cluster.threads, loop.cluster.workers, loop.cluster.hosts, loop.cluster.groups = threads, 1, None, 1

@@ -49,6 +49,7 @@ from shoal.train.user_metrics import job_metrics
 from shoal.train.validation import Validator
 
 PROGRESS_SECONDS = 5.0  # how often the coordinator records the step it is at
+NAMING_ROWS = 8  # test rows the user's step is run on to learn the names of what it logs
 LOGGED, HELD_OUT = "logged", "held_out"
 """The keys of a trainer's report (`Coordinator.end_epoch`): its step's logged sums, its held-out rows' metrics."""
 
@@ -91,8 +92,7 @@ class Coordinator:
         load; the progress display and validation begin."""
         start = dataclasses.replace(details, from_epoch=first_epoch, versions=versions())
         started_before = (self.run_dir / EVENTS_FILE).is_file() and read_history(self.run_dir).started()
-        test_metrics = metric_names(self.prepared.objective, self.metrics.names) if self.test_rows is not None else ()
-        self.loggers = open_loggers(self.job, self.run_dir, test_metrics)
+        self.loggers = open_loggers(self.job, self.run_dir, self.test_metric_names())
         self.events = EventLog(self.run_dir, listeners=[self.loggers])
         resumed = dataclasses.replace(start.resumed(), resharded_from=self.resharded_from)
         self.events.write(resumed if started_before else start)
@@ -143,6 +143,17 @@ class Coordinator:
                                     convert=self.convert, metrics=self.metrics or None)
         self.final = metrics
         return metrics, time.perf_counter() - began
+
+    def test_metric_names(self) -> tuple[str, ...]:
+        """The names the test set's metrics will have (the CSV file's columns): the loss's and the user's, or,
+        where the user's step evaluates it, "loss" and what the step logs (read from its result on a few rows)."""
+        if self.test_rows is None:
+            return ()
+        if not self.prepared.evaluate_by_step:
+            return metric_names(self.prepared.objective, self.metrics.names)
+        features, labels = (rows[:NAMING_ROWS] for rows in self.test_rows)
+        return tuple(evaluate_rows(self.model, self.prepared.objective, self.prepared.step, features, labels,
+                                   self.convert))
 
     def test_step(self):
         """The user's step, when it evaluates the test set (shoal cannot read the model's outputs), else None."""

@@ -58,6 +58,13 @@ def export(run_dir: str | Path, format: str, out: str | Path | None = None, *, o
     out = check_out(run_dir, out or Path(Path(run_dir).resolve().name + FORMATS[format]), overwrite,
                     f"the {format} model")
     artifact = load_artifact(run_dir)
+    fields = (artifact.get(TRAINING_SET) or {}).get("fields") if isinstance(artifact.get(TRAINING_SET), dict) else None
+    if fields and format != "safetensors":  # the weights alone carry no claim about the rows they take
+        names = ", ".join(field["name"] for field in fields)
+        raise ShoalError(f"{Path(run_dir) / MODEL_FILE}: trained on rows of named fields ({names}), which the "
+                         f"training step fed to the model: a {format} file taking stored rows would compute "
+                         "something else; export --format safetensors (the weights), or load it with "
+                         "shoal.load_model")
     model = rebuild(artifact, Path(run_dir) / MODEL_FILE, trust_code)
     descriptor, temporary = new_temporary(out)
     os.close(descriptor)

@@ -22,7 +22,7 @@ from shoal.algorithms.base import Algorithm
 from shoal.algorithms.collective import CollectiveAlgorithm
 from shoal.cluster.collectives import Communicator
 from shoal.data.balance import nominal_crossed
-from shoal.data.loader import ShardLoader, batch_rows
+from shoal.data.loader import ShardLoader, batch_rows, owned
 from shoal.errors import ShoalError
 from shoal.train.objective import Objective
 from shoal.train.schedule import Schedule
@@ -75,6 +75,7 @@ class Trainer:
         function applied to every batch before it (both optional)."""
         self.model, self.optimizer, self.objective = model, optimizer, objective
         self.step, self.transform = step, transform
+        self.private = step is not None or transform is not None  # the user's code sees the batches
         self.logged = Logged()  # the numbers the user's step logs, summed over the epoch
         self.schedule, self.clip_norm, self.accumulate = schedule, clip_norm, accumulate
         self.algorithm, self.loader, self.comm = algorithm, loader, comm
@@ -97,9 +98,10 @@ class Trainer:
         for step_in_epoch in range(self.loader.steps):
             start = time.perf_counter()
             batch = next(batches)
+            if self.private and not self.loader.shuffle:  # unshuffled rows are views of the share: the user's
+                batch = owned(batch)  # code changing them in place would change every later epoch's
             if self.transform is not None:
-                # unshuffled float rows are views of the share: a transform in place would change later epochs'
-                batch = self.transform(batch if self.loader.shuffle else copied(batch), epoch, step_in_epoch)
+                batch = self.transform(batch, epoch, step_in_epoch)
             rows = batch_rows(batch)
             fetched = time.perf_counter()
             communication_at_step = self.comm.seconds
@@ -181,9 +183,3 @@ class Trainer:
                 self.schedule.after_step()
         self.group_rows = 0
 
-
-def copied(batch):
-    """A batch whose tensors are its own (a transform may change them in place)."""
-    if isinstance(batch, dict):
-        return {name: value.clone() for name, value in batch.items()}
-    return tuple(value.clone() for value in batch)

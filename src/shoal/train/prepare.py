@@ -22,7 +22,7 @@ import torch
 
 from shoal.algorithms import Algorithm, ServerAlgorithm, make_algorithm, trainer_ranks
 from shoal.code import load_code
-from shoal.config import JobConfig
+from shoal.config import JobConfig, TrainConfig
 from shoal.data.balance import check_speeds
 from shoal.data.compatible import TRAINING, check_compatible, schema
 from shoal.data.format import Dataset
@@ -31,7 +31,7 @@ from shoal.data.loader import plan_memory
 from shoal.data.source import open_source
 from shoal.errors import ConfigError, first_line
 from shoal.model import build_model, code_of, current_folder_importable, output_shape
-from shoal.train.objective import Objective
+from shoal.train.objective import BUILT_IN_METRICS, Objective, metric_names
 from shoal.train.schedule import make_schedule
 from shoal.train.step import Step, load_step
 from shoal.train.stopping import stop_rule
@@ -385,7 +385,7 @@ def prepare(job: JobConfig, memory_checked: bool = False, run_dir=None) -> Prepa
     if test_set is not None:
         check_compatible(test_set, schema(train_set), f"the training set {train_set.path}", TRAINING)
     spec = model_spec(job, train_set)
-    objective = Objective(job.train.loss, train_set.num_classes, run_dir)
+    objective = Objective(loss_of(job, train_set), train_set.num_classes, run_dir)
     step = load_step(job.train.step, run_dir)  # the user's code, from the run directory where fit wrote it
     transform = load_transform(job.data.transform, run_dir)
     if not memory_checked:
@@ -394,13 +394,48 @@ def prepare(job: JobConfig, memory_checked: bool = False, run_dir=None) -> Prepa
     by_step = check_outputs(job, spec, objective, model, train_set, step)
     optimizer = check_optimizer(job.train.optimizer, model)
     check_schedule(job, run_dir, optimizer)
-    stop_rule(job.train.stop)  # a bad train.stop fails here, before any worker starts
-    job_metrics(job, run_dir, test_set is not None, by_step)
+    metrics = job_metrics(job, run_dir, test_set is not None, by_step)
+    check_evaluation(job, by_step, test_set is not None, [*metric_names(objective), *metrics.names])
     held_out = held_out_rows(train_set.rows, job.train.validation_split, job.train.seed) \
         if job.train.validation_split else None
     training = TrainingRows(train_set, held_out) if held_out is not None else train_set
     return Prepared(training, test_set, spec, objective, step=step, transform=transform, evaluate_by_step=by_step,
                     held_out=held_out, source=train_set)
+
+
+def loss_of(job: JobConfig, train_set: Dataset) -> str:
+    """The loss that reads the model's outputs: the job's; with a step of the user's own (which computes the
+    training loss itself) on a numeric label, the default (class logits) gives way to mse."""
+    if job.train.step and train_set.num_classes is None and job.train.loss == TrainConfig.loss:
+        return "mse"
+    return job.train.loss
+
+
+def check_evaluation(job: JobConfig, by_step: bool, test_set: bool, test_metrics: list[str]) -> None:
+    """train.stop names a metric some epoch will have; background validation does not run the user's step
+    (it would draw from the training's random numbers, in another thread)."""
+    if by_step and (job.train.validate_every or job.train.validate_seconds):
+        key = "train.validate_every" if job.train.validate_every else "train.validate_seconds"
+        raise ConfigError(f"{key}: the test set is evaluated by train.step, which background validation would run "
+                          "beside training (in another thread, drawing from its random numbers): use "
+                          "train.eval_every")
+    rule = stop_rule(job.train.stop)
+    if rule is None:
+        return
+    prefix, _, name = rule.metric.partition("_")
+    known = {"train_": name == "loss" or job.train.step is not None,  # a step logs names of its own
+             "test_": test_set and (by_step or name in test_metrics),
+             "validation_": bool(job.train.validation_split) and (by_step or name in metric_names_of(test_metrics))}
+    if not known.get(f"{prefix}_", False):
+        measured = ["train_loss", *(f"test_{name}" for name in test_metrics if test_set),
+                    *(f"validation_{name}" for name in metric_names_of(test_metrics) if job.train.validation_split)]
+        raise ConfigError(f"train.stop.metric: {rule.metric!r} is not a metric this job measures: "
+                          f"{', '.join(measured)}{' or train_<what your step logs>' if job.train.step else ''}")
+
+
+def metric_names_of(test_metrics: list[str]) -> list[str]:
+    """The built-in names among the test metrics: what each worker's held-out rows are measured by."""
+    return [name for name in test_metrics if name in BUILT_IN_METRICS]
 
 
 def load_transform(reference: str | None, run_dir) -> Callable | None:

@@ -44,11 +44,12 @@ class ProgressDisplay:
         if self.mode == "none":
             return
         split = "  ".join(f"{part} {seconds:.2f}s" for part, seconds in record.seconds_split.parts().items())
-        line = (
-            f"epoch {epoch + 1}/{self.epochs}  train_loss {record.train_loss:.4f}  "
-            f"{_format_metrics(record.test)}  {record.samples_per_second:,.0f} samples/s  [{split}]"
-        )
-        print(line.replace("    ", "  "), file=self.stream, flush=True)
+        logged = _format_metrics({f"train_{name}": value for name, value in (record.train_metrics or {}).items()})
+        held_out = {f"held_out_{name}": value for name, value in (record.validation or {}).items() if name != "rows"}
+        parts = [f"epoch {epoch + 1}/{self.epochs}", f"train_loss {record.train_loss:.4f}", logged,
+                 _format_metrics(held_out), _format_metrics(record.test),
+                 f"{record.samples_per_second:,.0f} samples/s", f"[{split}]"]
+        print("  ".join(part for part in parts if part), file=self.stream, flush=True)
 
     def message(self, text: str) -> None:
         if self.mode != "none":

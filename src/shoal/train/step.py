@@ -15,9 +15,12 @@ from collections.abc import Callable
 import torch
 
 from shoal.code import load_code
+from shoal.data.loader import owned
 from shoal.errors import ConfigError, ShoalError, first_line
 
 KEY = "train.step"
+EVALUATION_SEED = 0
+"""Seeds the generators a step's evaluation draws from (forked from the training's)."""
 
 
 class Step:
@@ -106,15 +109,25 @@ def evaluate_by_step(model: torch.nn.Module, step: Step, batches) -> dict[str, f
     model that returns more than the loss takes)."""
     was_training = model.training
     model.eval()
+    devices = sorted({parameter.device.index or 0 for parameter in model.parameters() if parameter.is_cuda})
+    # a step may draw (sampling, masking): from generators of its own, so that evaluating never moves the
+    # training's draws (a resume, or another eval_every, keeps the weights) and draws the same every time
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(EVALUATION_SEED)
+        try:
+            return by_step(model, step, batches)
+        finally:
+            model.train(was_training)
+
+
+def by_step(model: torch.nn.Module, step: Step, batches) -> dict[str, float]:
+    """The step's loss and logged numbers, each a mean over the rows."""
     logged, loss_sum, rows = Logged(), 0.0, 0
-    try:
-        for batch, count in batches:
-            loss, values = step(model, batch)
-            loss_sum += float(loss) * count
-            rows += count
-            logged.add(values, count)
-    finally:
-        model.train(was_training)
+    for batch, count in batches:  # the rows are the caller's to keep (the test set): the step gets a copy
+        loss, values = step(model, owned(batch))
+        loss_sum += float(loss) * count
+        rows += count
+        logged.add(values, count)
     return {"loss": loss_sum / rows} | combined([logged.take()])
 
 

@@ -76,8 +76,12 @@ def stop_rule(table: dict | None) -> StopRule | None:
 
 
 def epoch_metrics(record: EpochEnd) -> dict[str, float]:
-    """What a rule and a callback see of an epoch: `train_loss`, and `test_<name>` when it was evaluated."""
-    return {"train_loss": record.train_loss, **{f"test_{name}": value for name, value in record.test.items()}}
+    """What a rule and a callback see of an epoch: `train_loss`, `train_<name>` for what the user's step logged,
+    `test_<name>` when it was evaluated, `validation_<name>` for the workers' held-out rows."""
+    held_out = {f"validation_{name}": value for name, value in (record.validation or {}).items() if name != "rows"}
+    return {"train_loss": record.train_loss, **{f"train_{name}": value for name, value in
+                                                (record.train_metrics or {}).items()},
+            **{f"test_{name}": value for name, value in record.test.items()}, **held_out}
 
 
 def takes_model(method: Callable) -> bool:

@@ -12,10 +12,10 @@ from torch.nn import functional
 from shoal.algorithms import make_algorithm
 from shoal.cluster.collectives import Communicator
 from shoal.data.format import open_dataset
-from shoal.data.loader import ShardLoader
+from shoal.data.loader import ShardLoader, owned
 from shoal.errors import ConfigError, ShoalError
 from shoal.train.held_out import combined as combined_held_out
-from shoal.train.loop import Trainer, copied
+from shoal.train.loop import Trainer
 from shoal.train.objective import Objective
 from shoal.train.step import Logged, Step, combined, evaluate_by_step, evaluate_rows
 from shoal.train.transform import Transform
@@ -127,7 +127,7 @@ def test_a_transform_changes_every_batch_and_never_the_stored_rows(tmp_path):
     assert np.array_equal(np.concatenate([batch.numpy() for batch in seen[: len(seen) // 2]]), stored + 1.0)
     assert np.array_equal(np.concatenate([batch.numpy() for batch in seen[len(seen) // 2:]]), stored + 1.0)
     batch = {"x": torch.zeros(2)}
-    assert copied(batch)["x"] is not batch["x"]
+    assert owned(batch)["x"] is not batch["x"]
 
 
 def test_the_held_out_metrics_are_means_weighted_by_rows():
@@ -135,3 +135,32 @@ def test_the_held_out_metrics_are_means_weighted_by_rows():
                                {"loss": 3.0, "accuracy": 1.0, "rows": 10.0}, {"rows": 0.0}])
     assert found == {"loss": 1.5, "accuracy": 0.625, "rows": 40.0}
     assert math.isnan(combined_held_out([{"loss": 1.0, "rows": 0.0}])["loss"])
+
+
+def test_a_step_that_changes_its_batch_in_place_changes_no_stored_row(tmp_path):
+    def shifting(model, batch):
+        inputs, labels = batch
+        inputs.add_(1.0)  # in place: the stored rows, were the batch a view of them
+        return functional.cross_entropy(model(inputs), labels)
+
+    _, trainer, _, loader = train(tmp_path, step=shifting, shuffle=False, epochs=2)
+    stored = open_dataset(str(tmp_path / "data")).read_all()
+    assert np.array_equal(loader.features, stored[0])
+    evaluate_rows(trainer.model, None, Step(shifting), loader.features, loader.labels, loader.to_tensors)
+    assert np.array_equal(loader.features, stored[0])
+
+
+def test_evaluating_by_a_step_that_draws_leaves_the_trainings_random_numbers(tmp_path):
+    def noisy(model, batch):
+        inputs, labels = batch
+        return functional.cross_entropy(model(inputs + torch.randn_like(inputs)), labels)
+
+    dataset = open_dataset(write_dataset(tmp_path / "data", rows=50))
+    loader = ShardLoader(dataset, rank=0, world_size=1, batch_size=16, seed=4)
+    model = small_model()
+    torch.manual_seed(7)
+    first = evaluate_rows(model, None, Step(noisy), loader.features, loader.labels, loader.to_tensors)
+    after = torch.rand(3)
+    torch.manual_seed(7)
+    assert torch.equal(torch.rand(3), after)  # the evaluation drew from generators of its own
+    assert evaluate_rows(model, None, Step(noisy), loader.features, loader.labels, loader.to_tensors) == first
