@@ -177,8 +177,11 @@ def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=N
     `model`: an nn.Module or a zero-argument callable returning one (sent to the workers by value, so a
     class defined in a notebook works), 'package.module:function', or a layer list. `train`/`test`: a
     dataset folder, (features, labels) arrays or tensors, a pandas DataFrame with its `label` column,
-    or a map-style torch Dataset of (features, label) items; data in memory is written to a temporary
-    dataset for the job and removed after. `algorithm` and `optimizer`: a name or a table; `stop`: the
+    or a map-style torch Dataset or an iterable (IterableDataset, generator) of (features, label) items
+    or of dicts (`label` names the label's key, default "label"; the other entries are fields, given
+    back as dict batches for your `step`); data in memory is written to a temporary dataset for the
+    job and removed after (so a Dataset whose items are random is refused: give the random part as
+    `transform`). `algorithm` and `optimizer`: a name or a table; `stop`: the
     `train.stop` table; `sections`: any other part of the job as a dict (`cluster={"threads": 1}`,
     `checkpoint={"every": 0}`; the `[train]` section's other keys go in `job` or `overrides`, since
     `train` names the data).

@@ -62,7 +62,8 @@ def describe(dataset: Dataset | str | os.PathLike) -> dict[str, Any]:
     Keys: path, rows, shape, features, feature_dtype, feature_names, classes, class_counts
     (class -> rows, in class order; None for a regression target), target (min, max, mean of
     a regression target, else None), files (name, rows, row_groups, bytes), bytes (all files
-    and meta.json), and source, encoding, derived as meta.json records them (None if absent).
+    and meta.json), fields and label_key (rows of dict items: each field's name, shape and dtype; else
+    None), and source, encoding, derived as meta.json records them (None if absent).
     """
     dataset = as_dataset(dataset)
     class_counts, target = None, None
@@ -92,6 +93,8 @@ def describe(dataset: Dataset | str | os.PathLike) -> dict[str, Any]:
         "target": target,
         "files": files,
         "bytes": sum(sizes.values()),
+        "fields": dataset.fields,
+        "label_key": dataset.label_key,
         **{key: dataset.meta.get(key) for key in PROVENANCE_KEYS},
     }
 
@@ -113,6 +116,10 @@ def render(description: dict[str, Any], max_files: int = 20) -> str:
     """`describe()`'s dict as the text `shoal data describe` prints."""
     lines = [f"{description['path']}: {description['rows']:,} rows, sample shape {description['shape']} "
              f"({description['features']:,} features, {description['feature_dtype']})"]
+    if description.get("fields"):  # rows of dict items: what each batch's dict holds
+        lines.append("fields: " + ", ".join(f"{field['name']} {field['shape']} {field['dtype']}"
+                                            for field in description["fields"])
+                     + f"; label {description['label_key']!r}")
     if description["class_counts"] is not None:
         counts = description["class_counts"]
         lines.append(f"classes: {len(counts)}")

@@ -203,6 +203,9 @@ def test_a_plain_dataset_has_no_fields_and_its_schema_is_as_before(tmp_path):
 def test_describe_and_a_streamed_copy_read_the_fields(tmp_path):
     dataset = write_in_memory(Items(), str(tmp_path / "out"), "train")
     assert describe(dataset)["rows"] == ROWS and "sample shape [17]" in render(describe(dataset))
+    assert describe(dataset)["fields"] == dataset.fields and describe(dataset)["label_key"] == "label"
+    assert "\nfields: " + ", ".join(f"{field['name']} {field['shape']} {field['dtype']}" for field in dataset.fields) \
+        + "; label 'label'\n" in render(describe(dataset))
     with DataServer({"/job/train": str(tmp_path / "out")}, SECRET, "127.0.0.1") as server:
         remote = open_remote(f"127.0.0.1:{server.port}", "/job/train", SECRET)
         try:
