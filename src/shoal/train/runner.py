@@ -37,7 +37,7 @@ from shoal.train.checkpoint import (
     latest_test,
     load_rank,
 )
-from shoal.train.coordinator import Coordinator, Shares
+from shoal.train.coordinator import HELD_OUT, LOGGED, Coordinator, Shares
 from shoal.train.epoch_loops import Serving, Training
 from shoal.train.held_out import HeldOut
 from shoal.train.loop import EpochStats, Trainer
@@ -293,9 +293,9 @@ class Runner:
             return None
         mine = {}
         if self.role is Role.TRAINER:
-            mine["logged"] = self.epoch_loop.trainer.logged.take()
+            mine[LOGGED] = self.epoch_loop.trainer.logged.take()
             if self.held_out is not None:  # its own replica: the algorithm's rounds of the epoch are done
-                mine["held_out"] = self.held_out.metrics(self.model)
+                mine[HELD_OUT] = self.held_out.metrics(self.model)
         gathered = self.comm.all_gather_object(mine)
         return [gathered[rank] for rank in self.trainers]
 
