@@ -40,7 +40,7 @@ from pathlib import Path
 
 import tomli_w
 from tests.cluster.hosts import EmulatedCluster, missing_requirements
-from tests.cluster.jobs import start_on_two_hosts
+from tests.cluster.jobs import start_on_hosts
 
 from benchmarks.comm_models import COMPRESSIONS, MODELS, parameters, step_bytes, wire_seconds
 from benchmarks.common import ROOT, WORK, epoch_seconds, machine, machine_line, median, write_result
@@ -160,11 +160,7 @@ def shoal_figures(history: History) -> dict:
 def shoal_run(cluster: EmulatedCluster, job: Path, name: str, hosts: int) -> dict:
     """`shoal train` on one host alone (the floor) or on both, as the README's Many machines section says."""
     run_dir = cluster.shared / name
-    if hosts == 1:
-        command = [sys.executable, "-m", "shoal", "train", str(job), "--workers", "1", "--run-dir", str(run_dir)]
-        launchers = [cluster.start(0, command, env=environment(), log=cluster.shared / f"{name}-host0.log")]
-    else:
-        launchers = start_on_two_hosts(cluster, str(job), run_dir, environment())
+    launchers = start_on_hosts(cluster, str(job), run_dir, environment(), hosts)
     codes = wait(cluster, launchers)
     if any(code != 0 for code in codes):
         logs = [cluster.shared / f"{name}-host{host}.log" for host in range(hosts)]

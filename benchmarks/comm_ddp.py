@@ -17,7 +17,6 @@ import json
 import math
 import os
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.comm_models import MODELS, build
-from benchmarks.peer_ddp import share
+from benchmarks.peer_ddp import ddp_epoch, share
 from shoal.data.format import open_dataset
 from shoal.data.loader import feature_scale
 
@@ -70,20 +69,10 @@ def train(args: argparse.Namespace) -> dict:
     seconds, losses = [], []
     for epoch in range(args.epochs):
         order = torch.from_numpy(np.random.default_rng([args.seed, epoch, args.rank]).permutation(len(inputs)))
-        model.train()
-        total = torch.zeros(())
-        distributed.barrier()
-        began = time.perf_counter()
-        for step in range(steps):
-            index = order[step * args.batch_size : (step + 1) * args.batch_size]
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_function(model(inputs[index]), targets[index])
-            loss.backward()
-            optimizer.step()
-            total += loss.detach()
-        distributed.barrier()
-        seconds.append(time.perf_counter() - began)
-        losses.append(total.item() / steps)
+        _, epoch_seconds, loss = ddp_epoch(model, optimizer, loss_function, inputs, targets, order, steps,
+                                           args.batch_size)
+        seconds.append(epoch_seconds)
+        losses.append(loss)
         print(f"rank {args.rank} epoch {epoch + 1}: {seconds[-1]:.2f} s, loss {losses[-1]:.4f}", flush=True)
     result = {"rank": args.rank, "hook": args.hook, "epoch_seconds": seconds, "train_loss": losses,
               "steps_per_epoch": steps}

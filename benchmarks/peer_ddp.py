@@ -52,6 +52,25 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def ddp_epoch(model, optimizer, loss_function, inputs: torch.Tensor, targets: torch.Tensor, order: torch.Tensor,
+              steps: int, batch_size: int) -> tuple[float, float, float]:
+    """One epoch of a DDP model between barriers, so every rank starts and ends it together: when it started
+    (unix seconds), its seconds and its mean training loss."""
+    model.train()
+    total = torch.zeros(())
+    distributed.barrier()
+    began, started = time.perf_counter(), time.time()
+    for step in range(steps):
+        index = order[step * batch_size : (step + 1) * batch_size]
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_function(model(inputs[index]), targets[index])
+        loss.backward()
+        optimizer.step()
+        total += loss.detach()
+    distributed.barrier()
+    return started, time.perf_counter() - began, total.item() / steps
+
+
 def train_rank(rank: int, world_size: int, port: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
@@ -74,24 +93,12 @@ def train_rank(rank: int, world_size: int, port: int, args: argparse.Namespace) 
 
     seconds, losses, started = [], [], None
     for epoch in range(args.epochs):
-        generator = np.random.default_rng([args.seed, epoch, rank])
-        order = torch.from_numpy(generator.permutation(len(inputs)))
-        model.train()
-        total = torch.zeros(())
-        distributed.barrier()
-        began = time.perf_counter()
-        if started is None:
-            started = time.time()
-        for step in range(steps):
-            index = order[step * args.batch_size : (step + 1) * args.batch_size]
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_function(model(inputs[index]), targets[index])
-            loss.backward()
-            optimizer.step()
-            total += loss.detach()
-        distributed.barrier()
-        seconds.append(time.perf_counter() - began)
-        losses.append(total.item() / steps)
+        order = torch.from_numpy(np.random.default_rng([args.seed, epoch, rank]).permutation(len(inputs)))
+        epoch_started, epoch_seconds, loss = ddp_epoch(model, optimizer, loss_function, inputs, targets, order, steps,
+                                                       args.batch_size)
+        started = started or epoch_started
+        seconds.append(epoch_seconds)
+        losses.append(loss)
 
     if rank == 0:
         test_features, test_labels = (torch.from_numpy(values) for values in load_arrays(data, "test"))

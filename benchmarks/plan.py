@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.cluster.hosts import EmulatedCluster, missing_requirements, unset_interfaces
-from tests.cluster.jobs import log_of, start_on_two_hosts
+from tests.cluster.jobs import log_of, start_on_hosts
 
 from benchmarks.common import ROOT, WORK, machine, machine_line, write_result
 from shoal.data.synthetic import synth_digits
@@ -156,11 +156,7 @@ def measured(cluster: EmulatedCluster, job: Path, nodes: int, name: str, paces: 
     and after it."""
     before = probed_steps(paces[:nodes], job, batch)
     run_dir = cluster.shared / name
-    if nodes == 1:
-        command = [sys.executable, "-m", "shoal", "train", str(job), "--workers", "1", "--run-dir", str(run_dir)]
-        launchers = [cluster.start(0, command, env=environment(), log=cluster.shared / f"{name}-host0.log")]
-    else:
-        launchers = start_on_two_hosts(cluster, str(job), run_dir, environment())
+    launchers = start_on_hosts(cluster, str(job), run_dir, environment(), nodes)
     for host, launcher in enumerate(launchers):
         if launcher.wait(timeout=1800) != 0:
             raise RuntimeError(f"{name} host {host}: {log_of(cluster, run_dir, host)[-2000:]}")

@@ -15,7 +15,7 @@ from shoal.cluster.env import threads_per_worker
 from shoal.cluster.node import forkserver
 from shoal.cluster.node.rendezvous import Nodes
 from shoal.cluster.node.supervisor import Plan, supervise
-from shoal.code import job_code
+from shoal.code import job_code, object_file
 from shoal.config import GROUP_BY_MACHINE, ClusterConfig, JobConfig, apply_overrides, node_range, parse_override
 from shoal.data.balance import equal_plan
 from shoal.data.source import readable_here
@@ -36,7 +36,7 @@ from shoal.fit_inputs import (
     ship_model,
 )
 from shoal.jobs import from_dict, load_job
-from shoal.model import Trust, check_trusted, object_file
+from shoal.model import Trust, check_trusted
 from shoal.notebook import EpochRelay, in_notebook
 from shoal.train.artifacts import load_model
 from shoal.train.checkpoint import check_resumable, newest_epoch
@@ -271,9 +271,8 @@ def resumed_job(run_dir: str | Path, overrides=(), trust_code: bool = False) -> 
     job = resolve_job(job_file, overrides)
     check_data_kept(job, str(job_file))
     trust = trust_code or named_factory(overrides) or False
-    check_trusted({"factory": job.model.factory, "object": job.model.object, "loss": job.train.loss}, str(job_file),
-                  trust)
-    given = given_keys(overrides)
+    check_trusted({"factory": job.model.factory, "object": job.model.object}, str(job_file), trust)
+    given = given_keys(overrides)  # the user's other code (a loss function too): trusted, or given again
     for key, reference in job_code(job):
         if trust is not True and key not in given:
             raise ConfigError(f"{job_file}: {key} {reference!r} is code; resuming would run it: pass --trust-code "

@@ -9,12 +9,17 @@ a job's references are loaded only on the user's word (`--trust-code`; see `job_
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import re
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from shoal.errors import ConfigError, first_line
+from shoal.objects import load_object
 
 IMPORTED = re.compile(r"[\w.]+:\w+")
 """`package.module:function`."""
@@ -24,7 +29,7 @@ SHIPPED = re.compile(r"[\w.-]+\.pkl")
 
 def check_reference(key: str, value: Any) -> None:
     """`value` names code the way a job may: one line naming `key` otherwise."""
-    if isinstance(value, str) and (IMPORTED.fullmatch(value) or SHIPPED.fullmatch(value)):
+    if is_reference(value):
         return
     raise ConfigError(f"{key}: expected 'package.module:function' (or a file shoal.fit wrote into the run "
                       f"directory, NAME.pkl), got {value!r}")
@@ -42,12 +47,15 @@ def shipped(value: Any) -> bool:
 def load_code(reference: str, key: str, run_dir: str | Path | None) -> Any:
     """The object a reference names: imported, or read from the run directory's file (whose code runs as it
     loads: call only for a job the user wrote or vouched for). Failures are one line naming `key`."""
-    from shoal.model import current_folder_importable, object_file
-    from shoal.objects import load_object
-
     check_reference(key, reference)
     if shipped(reference):
         return load_object(object_file(reference, run_dir, key), key)
+    return imported(reference, key)
+
+
+def imported(reference: str, key: str) -> Any:
+    """`package.module:function`'s object, the current folder importable while its module loads (as `python -m`
+    finds a user's modules); a failure is one line naming `key`."""
     module_name, _, name = reference.partition(":")
     with current_folder_importable():
         try:
@@ -68,3 +76,38 @@ def job_code(job) -> list[tuple[str, str]]:
         found.append(("train.scheduler.factory", factory))
     found += [(f"train.metrics.{name}", value) for name, value in (train.metrics or {}).items()]
     return found
+
+
+@contextlib.contextmanager
+def current_folder_importable() -> Iterator[None]:
+    """The user's own modules import from the current folder, as `python -m` finds them; only meanwhile.
+
+    Left on sys.path for good, the folder would shadow installed packages for the rest of the process.
+    """
+    folder = os.getcwd()
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+
+
+def object_file(name: str, run_dir: str | Path | None, key: str = "model.object") -> Path:
+    """The file that `key` (model.object, or another key naming code shipped by value) names: one inside the run
+    directory, by a name relative to it. An absolute path, `..`, or a symlink out of the folder is refused: a
+    copied run must not unpickle another's file, and nothing is read from wherever the current folder happens
+    to be."""
+    if run_dir is None:
+        raise ConfigError(f"{key}: {name!r} is read from a run directory, and none is given here")
+    path, folder = Path(name), Path(run_dir)
+    if not name or path.is_absolute() or ".." in path.parts:
+        raise ConfigError(f"{key}: {name!r} must name a file inside the run directory {folder}, relative to it")
+    resolved = (folder / path).resolve()
+    if folder.resolve() not in resolved.parents:
+        raise ConfigError(f"{key}: {folder / path} leads out of the run directory {folder}")
+    if not resolved.is_file():
+        raise ConfigError(f"{key}: {folder / path}: no such file in the run directory")
+    return resolved

@@ -5,6 +5,8 @@ Anything a user can fix (a bad job file, a missing dataset, a malformed input li
 traceback. Everything else is a bug or an environment failure and keeps its traceback.
 """
 
+import contextlib
+
 EXIT_USAGE = 2
 
 
@@ -13,6 +15,23 @@ def first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
+
+
+def described(error: BaseException) -> str:
+    """An exception as `Type: its message's first line` (`Type: Type` when it has no message)."""
+    return f"{type(error).__name__}: {first_line(error)}"
+
+
+@contextlib.contextmanager
+def blamed(where: str):
+    """Whatever the user's code raises inside, as one line naming `where` (a key, a callback's hook), its
+    traceback kept as the cause; shoal's own errors pass as they are."""
+    try:
+        yield
+    except ShoalError:
+        raise
+    except Exception as error:  # whatever the user's code raises
+        raise ShoalError(f"{where}: {described(error)}") from error
 
 LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "remote process exited", "Broken pipe",
              "communicator was aborted", "NCCL communicator", "DistBackendError", "timed out", "waited for it")

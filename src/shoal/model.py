@@ -11,20 +11,17 @@ for it.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import importlib
 import inspect
 import math
-import os
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from shoal.code import current_folder_importable, imported, object_file
 from shoal.errors import ConfigError, first_line
 from shoal.objects import load_object
 
@@ -225,23 +222,6 @@ def from_layers(input_shape: list[int], layers: list[dict]) -> nn.Sequential:
     return nn.Sequential(*modules)
 
 
-@contextlib.contextmanager
-def current_folder_importable() -> Iterator[None]:
-    """The user's own modules import from the current folder, as `python -m` finds them; only meanwhile.
-
-    Left on sys.path for good, the folder would shadow installed packages for the rest of the process.
-    """
-    folder = os.getcwd()
-    added = folder not in sys.path
-    if added:
-        sys.path.insert(0, folder)
-    try:
-        yield
-    finally:
-        if added and folder in sys.path:
-            sys.path.remove(folder)
-
-
 def _call_factory(factory: str, function: Callable, arguments: dict) -> Any:
     """Call the factory; arguments it does not take, or any exception it raises, become one line."""
     try:
@@ -261,12 +241,8 @@ def from_factory(factory: str, arguments: dict) -> nn.Module:
     if not isinstance(factory, str) or not isinstance(arguments, dict):
         raise ConfigError(f"model.factory: expected 'package.module:function' and a table of arguments, "
                           f"got {factory!r} and {arguments!r}")
-    module_name, _, function_name = factory.partition(":")
-    with current_folder_importable():
-        try:
-            function = getattr(importlib.import_module(module_name), function_name)
-        except Exception as error:  # ImportError, AttributeError, or whatever the module raises as it loads
-            raise ConfigError(f"model.factory: cannot import {factory!r}: {first_line(error)}") from None
+    function = imported(factory, "model.factory")
+    with current_folder_importable():  # what the factory imports as it runs comes from there too
         model = _call_factory(factory, function, arguments)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.factory: {factory!r} returned {type(model).__name__}, not a torch.nn.Module")
@@ -281,24 +257,6 @@ def build_model(spec: dict, run_dir: str | Path | None = None) -> nn.Module:
     if spec.get("object"):
         return from_object(spec["object"], run_dir)
     return from_layers(spec["input"], spec["layers"])
-
-
-def object_file(name: str, run_dir: str | Path | None, key: str = "model.object") -> Path:
-    """The file that `key` (model.object, or another key naming code shipped by value) names: one inside the run
-    directory, by a name relative to it. An absolute path, `..`, or a symlink out of the folder is refused: a
-    copied run must not unpickle another's file, and nothing is read from wherever the current folder happens
-    to be."""
-    if run_dir is None:
-        raise ConfigError(f"{key}: {name!r} is read from a run directory, and none is given here")
-    path, folder = Path(name), Path(run_dir)
-    if not name or path.is_absolute() or ".." in path.parts:
-        raise ConfigError(f"{key}: {name!r} must name a file inside the run directory {folder}, relative to it")
-    resolved = (folder / path).resolve()
-    if folder.resolve() not in resolved.parents:
-        raise ConfigError(f"{key}: {folder / path} leads out of the run directory {folder}")
-    if not resolved.is_file():
-        raise ConfigError(f"{key}: {folder / path}: no such file in the run directory")
-    return resolved
 
 
 def from_object(name: str, run_dir: str | Path | None) -> nn.Module:

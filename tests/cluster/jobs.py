@@ -72,16 +72,25 @@ progress = "lines"
 
 
 def start_on_two_hosts(cluster, job: str, run_dir, env, *options: str, node_ranks: bool = True,
-                       logs: Path | None = None) -> list[subprocess.Popen]:
-    """`shoal train` on each host, as the README's Many machines section says; output in host-N.log."""
+                       logs: Path | None = None, workers: int = 1) -> list[subprocess.Popen]:
+    """`shoal train` on each host, `workers` there, as the README's Many machines section says; output in
+    host-N.log."""
     launchers = []
     for host in range(2):
         ranks = ["--node-rank", str(host)] if node_ranks else []
-        command = [sys.executable, "-m", "shoal", "train", job, "--workers", "1", "--nnodes", "2", *ranks,
+        command = [sys.executable, "-m", "shoal", "train", job, "--workers", str(workers), "--nnodes", "2", *ranks,
                    "--rdzv-endpoint", f"{cluster.address(0)}:{PORT}", "--run-dir", str(run_dir), *options]
         log = (logs or cluster.shared) / f"{Path(run_dir).name}-host{host}.log"
         launchers.append(cluster.start(host, command, env=env, log=log))
     return launchers
+
+
+def start_on_hosts(cluster, job: str, run_dir, env, hosts: int) -> list[subprocess.Popen]:
+    """`shoal train` with one worker on host 0 alone (`hosts` 1) or on both hosts; output in RUN-host-N.log."""
+    if hosts == 2:
+        return start_on_two_hosts(cluster, job, run_dir, env)
+    command = [sys.executable, "-m", "shoal", "train", job, "--workers", "1", "--run-dir", str(run_dir)]
+    return [cluster.start(0, command, env=env, log=cluster.shared / f"{Path(run_dir).name}-host0.log")]
 
 
 def log_of(cluster, run_dir, host: int, logs: Path | None = None) -> str:

@@ -10,7 +10,6 @@ exchange per host: fewer bytes leave a host than with every worker in one flat r
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import torch
 
 from shoal.events import read_history
 from shoal.train.artifacts import load_model
-from tests.cluster.jobs import JOB_SECONDS, PORT
+from tests.cluster.jobs import JOB_SECONDS, start_on_two_hosts
 from tests.distributed.common import write_dataset
 
 pytestmark = pytest.mark.timeout(4 * JOB_SECONDS)
@@ -61,15 +60,10 @@ def sent_bytes(cluster, host: int) -> int:
 def train(cluster, job: str, run_dir: Path, env, workers: int = 1) -> int:
     """The job on both hosts, `workers` each; the bytes host 0 sent meanwhile."""
     before = sent_bytes(cluster, 0)
-    launchers = []
-    for host in range(2):
-        command = [sys.executable, "-m", "shoal", "train", job, "--workers", str(workers), "--nnodes", "2",
-                   "--node-rank", str(host), "--rdzv-endpoint", f"{cluster.address(0)}:{PORT}",
-                   "--run-dir", str(run_dir)]
-        log = cluster.shared / f"{run_dir.name}-host{host}.log"
-        launchers.append((cluster.start(host, command, env=env, log=log), log))
+    launchers = start_on_two_hosts(cluster, job, run_dir, env, workers=workers)
+    logs = [cluster.shared / f"{run_dir.name}-host{host}.log" for host in range(2)]
     deadline = time.monotonic() + JOB_SECONDS
-    for launcher, log in launchers:
+    for launcher, log in zip(launchers, logs, strict=True):
         try:
             launcher.wait(timeout=max(deadline - time.monotonic(), 1))
         except subprocess.TimeoutExpired:

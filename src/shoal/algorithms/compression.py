@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shoal.bucket_rules import factored
 from shoal.errors import ConfigError
 
 NAMES = ("none", "bf16", "fp16", "powersgd")
@@ -128,10 +129,7 @@ class PowerSGD(Compressor):
         self.errors: dict[str, torch.Tensor] = {}  # what this rank's approximations left out
 
     def compressible(self, shape: torch.Size) -> bool:
-        if len(shape) < 2:
-            return False
-        rows, columns = shape[0], math.prod(shape[1:])
-        return min(rows, columns) > self.rank and self.rank * (rows + columns) < rows * columns
+        return factored(shape, self.rank) is not None
 
     def layout(self, shapes) -> tuple[list[_Matrix], list[tuple[int, int]]]:
         """The compressed matrices of a bucket, and the (offset, size) pieces that go exact."""

@@ -39,17 +39,8 @@ from concurrent.futures import Future
 import torch
 
 from shoal.algorithms.compression import Compressor, Exact, HalfPrecision
+from shoal.bucket_rules import cut
 from shoal.errors import ShoalError
-
-MEGABYTE = 1 << 20
-
-
-def bucket_bytes(total: int, chosen: float | None) -> int:
-    """Bytes a bucket holds: `chosen` megabytes, or an eighth of the gradients' bytes between 0.25 and 8 MB
-    (several buckets to overlap, each large enough that its messages' fixed cost is small on a LAN)."""
-    if chosen is not None:
-        return max(1, int(chosen * MEGABYTE))
-    return int(min(8 * MEGABYTE, max(MEGABYTE // 4, total / 8)))
 
 
 class Bucket:
@@ -111,17 +102,9 @@ class Bucket:
 def make_buckets(parameters: list[torch.nn.Parameter], capacity: int) -> list[Bucket]:
     """The parameters in reverse order (the backward pass's), cut into buckets of about `capacity` bytes; each
     parameter named by its place in the model ("p3"), so a compression's state follows it whatever the cut."""
-    buckets, current, names, size = [], [], [], 0
-    for position in reversed(range(len(parameters))):
-        current.append(parameters[position])
-        names.append(f"p{position}")
-        size += parameters[position].numel() * 4
-        if size >= capacity:
-            buckets.append(Bucket(len(buckets), current, names=names))
-            current, names, size = [], [], 0
-    if current:
-        buckets.append(Bucket(len(buckets), current, names=names))
-    return buckets
+    cuts = cut([parameter.numel() * 4 for parameter in parameters], capacity)
+    return [Bucket(index, [parameters[position] for position in positions],
+                   names=[f"p{position}" for position in positions]) for index, positions in enumerate(cuts)]
 
 
 class Route:

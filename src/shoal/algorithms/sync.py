@@ -24,7 +24,8 @@ import torch
 
 from shoal.algorithms.collective import CollectiveAlgorithm
 from shoal.algorithms.compression import check_compression, make_compressor
-from shoal.algorithms.exchange import GradientExchange, Route, bucket_bytes
+from shoal.algorithms.exchange import GradientExchange, Route
+from shoal.bucket_rules import capacity
 from shoal.cluster.collectives import FlatBuffer
 from shoal.cluster.env import cores
 from shoal.errors import ConfigError
@@ -84,10 +85,10 @@ class SynchronousSGD(CollectiveAlgorithm):
         self.buffer_flat = FlatBuffer(self.buffers) if self.buffers else None
         if comm.world_size > 1 and self.parameters:
             total = sum(p.numel() for p in self.parameters) * 4
-            chosen, overlap = self.options.bucket_mb, self.overlapping(comm)
-            capacity = bucket_bytes(total, chosen) if overlap or chosen is not None else total
+            overlap = self.overlapping(comm)
             self.exchange = GradientExchange(self.parameters, comm, self.route(comm), self.compressor,
-                                             capacity=capacity, overlap=overlap)
+                                             capacity=capacity(total, self.options.bucket_mb, overlap),
+                                             overlap=overlap)
 
     def overlapping(self, comm) -> bool:
         """`overlap` as given, or for "auto": whether every worker's exchange has a processor its backward pass does

@@ -29,12 +29,11 @@ import numpy as np
 
 from shoal.data.format import Dataset, DatasetWriter, first_non_finite, open_dataset
 from shoal.data.importers.common import stored_dtype
+from shoal.data.meta import FIELD_DTYPES
 from shoal.errors import ConfigError, DataError
 
 CHUNK_ROWS = 8192  # rows of a torch Dataset or iterable gathered before each write
 LABEL_KEY = "label"  # the label's key in dict items when fit's `label` names none
-FIELD_DTYPES = {"b": "bool", "i": "int64", "f": "float32"}
-"""A field's kind of values (booleans, integers, floats) -> the dtype of its tensor in a batch."""
 KIND_WORDS = {"b": "booleans", "i": "integers", "f": "floats"}
 RANDOM_ADVICE = ("shoal writes a Dataset once, so one draw would serve every epoch; apply the random part as "
                  "shoal.fit(transform=...), run on every batch every epoch")

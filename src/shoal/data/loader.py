@@ -158,8 +158,7 @@ class ShardLoader:
         self.features = self.labels = None
         self.load_seconds = self._load(self.start, self.stop)
         self.sample_shape = tuple(sample_shape or dataset.shape)  # the model's view of a row
-        self.convert = Converter(self.features.dtype, self.sample_shape, device, label_dtype,
-                                 fields=dataset.fields, label_key=dataset.label_key)
+        self.convert = Converter.for_dataset(dataset, self.sample_shape, device, label_dtype)
 
     def _load(self, start: int, stop: int) -> float:
         """Hold rows [start, stop): in RAM (keeping the rows already held), or in a fresh local cache; the seconds."""

@@ -19,7 +19,9 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 NUMBER_KINDS = "biuf"  # booleans, integers, floats: what converts to a float tensor
 LARGEST_ITEM = 8  # bytes; float128 has no tensor type
-FIELD_DTYPES = ("float32", "int64", "bool")  # the tensor types of a dict batch's fields
+FIELD_DTYPES = {"f": "float32", "i": "int64", "b": "bool"}
+"""A dict item's field by its kind of values (booleans, integers, floats) -> its dtype in the dataset's `fields`
+and its tensor's in a batch."""
 
 
 def whole(value: Any) -> bool:
@@ -111,9 +113,10 @@ def _check_fields(fields: Any, label_key: Any, features: int, where: str) -> Non
     for number, entry in enumerate(fields):
         if not (isinstance(entry, dict) and isinstance(entry.get("name"), str) and entry["name"]
                 and isinstance(entry.get("shape"), list) and all(whole(size) and size >= 1 for size in entry["shape"])
-                and entry.get("dtype") in FIELD_DTYPES):
+                and entry.get("dtype") in FIELD_DTYPES.values()):
             raise DataError(f"{where}: key 'fields': each field needs a 'name', a 'shape' of whole numbers >= 1 and "
-                            f"a 'dtype' ({', '.join(FIELD_DTYPES)}) (entry {number} has not)")
+                            f"a 'dtype' ({', '.join(FIELD_DTYPES.values())}) "
+                            f"(entry {number} has not)")
         if entry["name"] in names:
             raise DataError(f"{where}: key 'fields': {entry['name']!r} appears twice")
         names.add(entry["name"])

@@ -168,7 +168,7 @@ class ComputeProbe:
         with torch.no_grad():
             rows = self.evaluate_rows()
             features, labels = self.loader.features[:rows], self.loader.labels[:rows]
-            step = self.prepared.step if self.prepared.evaluate_by_step else None
+            step = self.prepared.evaluation_step
             seconds = _median(timed(lambda: evaluate_rows(self.model, self.prepared.objective, step, features, labels,
                                                           self.loader.to_tensors, batch_size=rows), at_least=3))
         self.model.train()
@@ -181,7 +181,7 @@ class ComputeProbe:
         rows = min(self.loader.rows, EVALUATE_ROWS)
         fewest = min(rows, EVALUATE_FEWEST)
         batch = self.loader.to_tensors(self.loader.features[:fewest], self.loader.labels[:fewest])
-        step = self.prepared.step if self.prepared.evaluate_by_step else None
+        step = self.prepared.evaluation_step
         forward = (lambda: step(self.model, batch)) if step else (lambda: self.model(batch[0]))
         (seconds,) = timed(forward, seconds=0.0, at_least=1, warm_up=1)  # one call, after one
         return min(rows, max(fewest, int(LARGEST_STEP * fewest / max(seconds, 1e-9))))

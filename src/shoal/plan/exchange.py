@@ -10,8 +10,8 @@ enough to gain as its rank-r factors P (n x r) and Q (m x r) in two all-reduces,
 the first. With `overlap` the buckets travel while the backward pass computes the rest, so only
 what outlasts it counts as communication. With several workers per machine and `hierarchical`, a
 bucket is summed over loopback first and only the machines' first workers use the link. Pure
-arithmetic (no torch), so every figure can be checked by hand; tests/unit/plan holds it to the
-algorithm's own bucket sizes and PowerSGD's rule.
+arithmetic (no torch), so every figure can be checked by hand; the bucket cut and PowerSGD's rule
+are the algorithm's own (shoal.bucket_rules).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from shoal.bucket_rules import capacity as bucket_capacity
+from shoal.bucket_rules import cut, factored
 from shoal.errors import ConfigError
 from shoal.plan.costs import Link, hierarchical_all_reduce, ring_all_reduce
 
@@ -27,9 +29,6 @@ ROWS_BYTES = 8  # the step's row count (float64), summed exact before the bucket
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 HALF = ("bf16", "fp16")
 DEFAULT_RANK = 4
-MEGABYTE = 1 << 20  # as the algorithm counts `bucket_mb`
-SMALLEST_BUCKET, LARGEST_BUCKET = MEGABYTE // 4, 8 * MEGABYTE  # the default bucket's bounds, in bytes
-BUCKET_SHARE = 1 / 8  # of the gradients' bytes: the default bucket
 # The profile times whole steps, not their forward and backward passes apart: the backward is taken as 2/3 of
 # a step, as a dense layer's backward does twice the multiply-adds of its forward.
 BACKWARD_SHARE = 2 / 3
@@ -67,14 +66,10 @@ Shapes = tuple[tuple[int, ...], ...]
 
 
 def capacity(parameters: int, options: SyncOptions) -> int:
-    """Bytes after which the algorithm closes a bucket: `bucket_mb`; by default an eighth of the gradients' bytes
-    between the bounds, or all of them without overlap (one exchange after the backward pass)."""
-    total = parameters * VALUE_BYTES
-    if options.bucket_mb is not None:
-        return max(1, int(options.bucket_mb * MEGABYTE))
-    if not options.overlap:
-        return max(total, 1)
-    return int(min(LARGEST_BUCKET, max(SMALLEST_BUCKET, total * BUCKET_SHARE)))
+    """Bytes after which the algorithm closes a bucket (shoal.bucket_rules): `bucket_mb`; by default an eighth of
+    the gradients' bytes between the bounds, or all of them without overlap (one exchange after the backward
+    pass)."""
+    return bucket_capacity(parameters * VALUE_BYTES, options.bucket_mb, options.overlap)
 
 
 def buckets(parameters: int, shapes: Shapes, options: SyncOptions) -> list[Shapes]:
@@ -85,25 +80,8 @@ def buckets(parameters: int, shapes: Shapes, options: SyncOptions) -> list[Shape
     if not shapes:
         count = max(1, math.ceil(parameters * VALUE_BYTES / limit))
         return [((parameters // count + (index < parameters % count),),) for index in range(count)]
-    found, current, size = [], [], 0
-    for shape in reversed(shapes):
-        current.append(shape)
-        size += math.prod(shape) * VALUE_BYTES
-        if size >= limit:
-            found.append(tuple(current))
-            current, size = [], 0
-    return found + [tuple(current)] if current else found
-
-
-def factored(shape: tuple[int, ...], rank: int) -> tuple[int, int] | None:
-    """(n, m) of a parameter PowerSGD sends as P and Q: a matrix (first dimension by the rest) with
-    min(n, m) > rank and the factors smaller than it. None: it goes exact."""
-    if len(shape) < 2:
-        return None
-    rows, columns = shape[0], math.prod(shape[1:])
-    if min(rows, columns) > rank and rank * (rows + columns) < rows * columns:
-        return rows, columns
-    return None
+    cuts = cut([math.prod(shape) * VALUE_BYTES for shape in shapes], limit)
+    return [tuple(shapes[position] for position in positions) for positions in cuts]
 
 
 def payloads(bucket: Shapes, options: SyncOptions) -> list[float]:

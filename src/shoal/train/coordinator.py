@@ -139,7 +139,7 @@ class Coordinator:
         """Test metrics of the consensus model and the seconds they took."""
         began = time.perf_counter()
         with self.validator.paused(), algorithm.consensus() as consensus:
-            metrics = evaluate_rows(consensus, self.prepared.objective, self.test_step(), *self.test_rows,
+            metrics = evaluate_rows(consensus, self.prepared.objective, self.prepared.evaluation_step, *self.test_rows,
                                     convert=self.convert, metrics=self.metrics or None)
         self.final = metrics
         return metrics, time.perf_counter() - began
@@ -152,12 +152,8 @@ class Coordinator:
         if not self.prepared.evaluate_by_step:
             return metric_names(self.prepared.objective, self.metrics.names)
         features, labels = (rows[:NAMING_ROWS] for rows in self.test_rows)
-        return tuple(evaluate_rows(self.model, self.prepared.objective, self.prepared.step, features, labels,
-                                   self.convert))
-
-    def test_step(self):
-        """The user's step, when it evaluates the test set (shoal cannot read the model's outputs), else None."""
-        return self.prepared.step if self.prepared.evaluate_by_step else None
+        return tuple(evaluate_rows(self.model, self.prepared.objective, self.prepared.evaluation_step, features,
+                                   labels, self.convert))
 
     def end_epoch(self, epoch: int, step: int, per_rank: list[EpochStats], ranks: list[int], hosts: list[str],
                   algorithm: Algorithm, shares: Shares | None = None, reports: list[dict] | None = None) -> EpochEnd:

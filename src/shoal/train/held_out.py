@@ -8,12 +8,11 @@ their mean weighted by rows.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from shoal.data.holdout import validation_rows
 from shoal.data.loader import Converter
+from shoal.train.step import combined as combined_sums
 from shoal.train.step import evaluate_rows
 
 
@@ -31,19 +30,14 @@ class HeldOut:
         if len(self.features) == 0:
             return {"rows": 0.0}
         prepared = self.prepared
-        found = evaluate_rows(model, prepared.objective, prepared.step if prepared.evaluate_by_step else None,
-                              self.features, self.labels, self.convert)
+        found = evaluate_rows(model, prepared.objective, prepared.evaluation_step, self.features, self.labels,
+                              self.convert)
         return found | {"rows": float(len(self.features))}
 
 
 def combined(per_worker: list[dict[str, float]]) -> dict[str, float]:
     """Each metric's mean over the workers' held-out rows, weighted by their rows (AUC too: a mean of the
     workers' AUCs, not the AUC of their rows pooled); `rows`, the total."""
-    rows = sum(found.get("rows", 0.0) for found in per_worker)
-    names = sorted({name for found in per_worker for name in found} - {"rows"})
-    result = {}
-    for name in names:
-        weighted = [(found[name], found["rows"]) for found in per_worker if name in found and found["rows"]]
-        weight = sum(count for _, count in weighted)
-        result[name] = sum(value * count for value, count in weighted) / weight if weight else math.nan
-    return result | {"rows": rows}
+    sums = [{name: [value * found["rows"], found["rows"]] for name, value in found.items() if name != "rows"}
+            for found in per_worker]  # as a step's logged numbers are summed: (value x rows, rows)
+    return combined_sums(sums) | {"rows": sum(found.get("rows", 0.0) for found in per_worker)}

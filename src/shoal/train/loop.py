@@ -2,9 +2,9 @@
 
 A step of the user's own (`train.step`) may replace the forward pass and the loss, and a transform
 (`data.transform`) change each batch first; the loop keeps the rest. The loop knows nothing about
-distribution; it times each part of a step so that every epoch
-reports where its time went: data (batch slicing and conversion), communication (whatever the
-algorithm's collectives took) and compute (forward, backward and update).
+distribution; it times each part of a step so that every epoch reports where its time went: data
+(batch slicing and conversion), communication (whatever the algorithm's collectives took) and
+compute (forward, backward and update).
 """
 
 from __future__ import annotations
@@ -182,4 +182,3 @@ class Trainer:
             for _ in range(schedule_steps):
                 self.schedule.after_step()
         self.group_rows = 0
-

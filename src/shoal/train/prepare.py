@@ -21,7 +21,7 @@ import psutil
 import torch
 
 from shoal.algorithms import Algorithm, ServerAlgorithm, make_algorithm, trainer_ranks
-from shoal.code import load_code
+from shoal.code import current_folder_importable
 from shoal.config import JobConfig, TrainConfig
 from shoal.data.balance import check_speeds
 from shoal.data.compatible import TRAINING, check_compatible, schema
@@ -30,11 +30,12 @@ from shoal.data.holdout import TrainingRows, held_out_rows
 from shoal.data.loader import plan_memory
 from shoal.data.source import open_source
 from shoal.errors import ConfigError, first_line
-from shoal.model import build_model, code_of, current_folder_importable, output_shape
-from shoal.train.objective import BUILT_IN_METRICS, Objective, metric_names
+from shoal.model import build_model, code_of, output_shape
+from shoal.train.objective import Objective, metric_names
 from shoal.train.schedule import make_schedule
 from shoal.train.step import Step, load_step
 from shoal.train.stopping import stop_rule
+from shoal.train.transform import load_transform
 from shoal.train.uncompiled import without_compiler
 from shoal.train.user_metrics import job_metrics
 
@@ -71,6 +72,11 @@ class Prepared:
     """With train.validation_split: the rows of `source` held out for validation."""
     source: Dataset | None = None
     """The training dataset as stored, held-out rows included."""
+
+    @property
+    def evaluation_step(self) -> Step | None:
+        """The user's step where it evaluates held rows (shoal cannot read the model's outputs), else None."""
+        return self.step if self.evaluate_by_step else None
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
@@ -395,7 +401,7 @@ def prepare(job: JobConfig, memory_checked: bool = False, run_dir=None) -> Prepa
     optimizer = check_optimizer(job.train.optimizer, model)
     check_schedule(job, run_dir, optimizer)
     metrics = job_metrics(job, run_dir, test_set is not None, by_step)
-    check_evaluation(job, by_step, test_set is not None, [*metric_names(objective), *metrics.names])
+    check_evaluation(job, by_step, test_set is not None, metric_names(objective), metrics.names)
     held_out = held_out_rows(train_set.rows, job.train.validation_split, job.train.seed) \
         if job.train.validation_split else None
     training = TrainingRows(train_set, held_out) if held_out is not None else train_set
@@ -411,9 +417,11 @@ def loss_of(job: JobConfig, train_set: Dataset) -> str:
     return job.train.loss
 
 
-def check_evaluation(job: JobConfig, by_step: bool, test_set: bool, test_metrics: list[str]) -> None:
-    """train.stop names a metric some epoch will have; background validation does not run the user's step
-    (it would draw from the training's random numbers, in another thread)."""
+def check_evaluation(job: JobConfig, by_step: bool, test_set: bool, built_in: tuple[str, ...],
+                     user: tuple[str, ...]) -> None:
+    """train.stop names a metric some epoch will have (`built_in`: the loss's metrics, which the held-out rows
+    are measured by too; `user`: the job's own test metrics); background validation does not run the user's
+    step (it would draw from the training's random numbers, in another thread)."""
     if by_step and (job.train.validate_every or job.train.validate_seconds):
         key = "train.validate_every" if job.train.validate_every else "train.validate_seconds"
         raise ConfigError(f"{key}: the test set is evaluated by train.step, which background validation would run "
@@ -424,38 +432,22 @@ def check_evaluation(job: JobConfig, by_step: bool, test_set: bool, test_metrics
         return
     prefix, _, name = rule.metric.partition("_")
     known = {"train_": name == "loss" or job.train.step is not None,  # a step logs names of its own
-             "test_": test_set and (by_step or name in test_metrics),
-             "validation_": bool(job.train.validation_split) and (by_step or name in metric_names_of(test_metrics))}
+             "test_": test_set and (by_step or name in (*built_in, *user)),
+             "validation_": bool(job.train.validation_split) and (by_step or name in built_in)}
     if not known.get(f"{prefix}_", False):
-        measured = ["train_loss", *(f"test_{name}" for name in test_metrics if test_set),
-                    *(f"validation_{name}" for name in metric_names_of(test_metrics) if job.train.validation_split)]
+        measured = ["train_loss", *(f"test_{name}" for name in (*built_in, *user) if test_set),
+                    *(f"validation_{name}" for name in built_in if job.train.validation_split)]
         raise ConfigError(f"train.stop.metric: {rule.metric!r} is not a metric this job measures: "
                           f"{', '.join(measured)}{' or train_<what your step logs>' if job.train.step else ''}")
-
-
-def metric_names_of(test_metrics: list[str]) -> list[str]:
-    """The built-in names among the test metrics: what each worker's held-out rows are measured by."""
-    return [name for name in test_metrics if name in BUILT_IN_METRICS]
-
-
-def load_transform(reference: str | None, run_dir) -> Callable | None:
-    """The job's data.transform function (None without one)."""
-    if reference is None:
-        return None
-    function = load_code(reference, "data.transform", run_dir)
-    if not callable(function):
-        raise ConfigError(f"data.transform: expected a function of a batch, got {type(function).__name__}")
-    return function
 
 
 def check_outputs(job: JobConfig, spec: dict, objective: Objective, model: torch.nn.Module, train_set: Dataset,
                   step: Step | None) -> bool:
     """Whether the model's outputs fit the loss and labels (or, with a step of the user's own, need not); True
     when the test set is evaluated by that step (rows of fields, or outputs shoal cannot read itself)."""
-    fields = getattr(train_set, "fields", None)
-    if fields:
+    if train_set.fields:
         if step is None:
-            names = ", ".join(field["name"] for field in fields)
+            names = ", ".join(field["name"] for field in train_set.fields)
             raise ConfigError(f"data.train: {train_set.path} holds rows of named fields ({names}): give a training "
                               "step that feeds them to the model: train.step (shoal.fit(step=...))")
         return True

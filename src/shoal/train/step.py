@@ -16,7 +16,8 @@ import torch
 
 from shoal.code import load_code
 from shoal.data.loader import owned
-from shoal.errors import ConfigError, ShoalError, first_line
+from shoal.errors import ConfigError, blamed
+from shoal.train.objective import EVALUATE_ROWS, evaluate
 
 KEY = "train.step"
 EVALUATION_SEED = 0
@@ -34,12 +35,8 @@ class Step:
 
     def __call__(self, model: torch.nn.Module, batch) -> tuple[torch.Tensor, dict[str, float]]:
         """The batch's loss and the other numbers the step returned."""
-        try:
+        with blamed(self.key):
             result = self.function(model, batch)
-        except ShoalError:
-            raise
-        except Exception as error:
-            raise ShoalError(f"{self.key}: {type(error).__name__}: {first_line(error)}") from error
         return self.split(result)
 
     def split(self, result) -> tuple[torch.Tensor, dict[str, float]]:
@@ -132,12 +129,10 @@ def by_step(model: torch.nn.Module, step: Step, batches) -> dict[str, float]:
 
 
 def evaluate_rows(model: torch.nn.Module, objective, step: Step | None, features, labels, convert,
-                  batch_size: int = 8192, **options) -> dict[str, float]:
+                  batch_size: int = EVALUATE_ROWS, **options) -> dict[str, float]:
     """Metrics of the model on rows held in memory: the loss's and the built-in metrics where shoal reads the
     model's outputs itself (`step` None), else the user's step's loss and logged numbers. `options` go to
     `objective.evaluate` (the user's metrics)."""
-    from shoal.train.objective import evaluate
-
     if step is None:
         return evaluate(model, objective, features, labels, convert, batch_size, **options)
     batches = ((convert(features[start: start + batch_size], labels[start: start + batch_size]),

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shoal.errors import ConfigError, ShoalError
+from shoal.errors import ConfigError, blamed
 from shoal.events import EpochEnd
 
 STOP_KEYS = ("metric", "below", "above", "patience", "min_delta")
@@ -127,7 +127,7 @@ class Callbacks:
         reasons = []
         with lend() if wanting else contextlib.nullcontext() as model:
             for callback in hearing:
-                with blamed(callback, "on_epoch_end"):
+                with blamed(f"callbacks: {type(callback).__name__}.on_epoch_end"):
                     if takes_model(callback.on_epoch_end):
                         with lent(model) as lent_model:
                             stop = callback.on_epoch_end(epoch, dict(metrics), lent_model)
@@ -140,29 +140,19 @@ class Callbacks:
     def step(self, step: int, loss: float) -> None:
         """After a training step of rank 0's: `step` counts the job's steps from 1 (resumed jobs go on counting)."""
         for callback in self.stepping:
-            with blamed(callback, "on_step"):
+            with blamed(f"callbacks: {type(callback).__name__}.on_step"):
                 callback.on_step(step, loss)
 
     def train_end(self, metrics: dict[str, float], model: torch.nn.Module) -> None:
         """Once, after the last epoch, with the model as saved."""
         for callback in self.callbacks:
             if hook(callback, "on_train_end"):
-                with blamed(callback, "on_train_end"), lent(model) as lent_model:
+                with blamed(f"callbacks: {type(callback).__name__}.on_train_end"), lent(model) as lent_model:
                     callback.on_train_end(dict(metrics), lent_model)
 
 
 def hook(callback, name: str) -> bool:
     return callable(getattr(callback, name, None))
-
-
-@contextlib.contextmanager
-def blamed(callback, name: str):
-    try:
-        yield
-    except Exception as error:  # whatever the user's code raises
-        text = str(error).strip()
-        detail = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
-        raise ShoalError(f"callbacks: {type(callback).__name__}.{name}: {detail}") from error
 
 
 class Stopping:

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from shoal.errors import ConfigError, ShoalError, first_line
+from shoal.code import load_code
+from shoal.errors import ConfigError, blamed
 
 KEY = "data.transform"
 DOMAIN = b"shoal.transform"  # keeps these seeds apart from the job's other seeded draws
@@ -47,6 +48,17 @@ def step_seeds(seed: int, trainer: int, epoch: int, step_in_epoch: int) -> tuple
     return torch_seed & SEED_MASK, numpy_seed, python_seed & SEED_MASK
 
 
+def load_transform(reference: str | None, run_dir) -> Callable[[Batch], Batch] | None:
+    """The job's `data.transform` function (None without one): imported, or read from the run directory."""
+    return None if reference is None else checked_function(load_code(reference, KEY, run_dir))
+
+
+def checked_function(function: Any) -> Callable[[Batch], Batch]:
+    if not callable(function):
+        raise ConfigError(f"{KEY}: expected a function taking a batch, got {type(function).__name__}")
+    return function
+
+
 class Transform:
     """`function(batch) -> batch` run with generators seeded from (seed, trainer, epoch, step), then restored.
 
@@ -55,9 +67,7 @@ class Transform:
     """
 
     def __init__(self, function: Callable[[Batch], Batch], seed: int, trainer: int):
-        if not callable(function):
-            raise ConfigError(f"{KEY}: expected a function taking a batch, got {type(function).__name__}")
-        self.function, self.seed, self.trainer = function, int(seed), int(trainer)
+        self.function, self.seed, self.trainer = checked_function(function), int(seed), int(trainer)
 
     def __call__(self, batch: Batch, epoch: int, step_in_epoch: int) -> Batch:
         torch_seed, numpy_seed, python_seed = step_seeds(self.seed, self.trainer, epoch, step_in_epoch)
@@ -70,10 +80,8 @@ class Transform:
             torch.default_generator.manual_seed(torch_seed)
             np.random.seed(numpy_seed)
             random.seed(python_seed)
-            try:
+            with blamed(KEY):
                 result = self.function(batch)
-            except Exception as error:  # the user's code: one line naming the key, its traceback kept as cause
-                raise ShoalError(f"{KEY}: {type(error).__name__}: {first_line(error)}") from error
         finally:
             for generator, state in zip(generators, saved[0], strict=True):
                 generator.set_state(state)

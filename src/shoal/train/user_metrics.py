@@ -37,7 +37,6 @@ the two never share state.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import numbers
@@ -48,7 +47,7 @@ import numpy as np
 import torch
 
 from shoal.code import load_code
-from shoal.errors import ConfigError, ShoalError
+from shoal.errors import ConfigError, ShoalError, blamed, described
 from shoal.train.objective import BUILT_IN_METRICS
 
 STATEFUL = ("update", "compute")
@@ -61,23 +60,6 @@ def key(name: str) -> str:
 
 def stateful(metric: Any) -> bool:
     return all(callable(getattr(metric, method, None)) for method in STATEFUL)
-
-
-def described(error: BaseException) -> str:
-    """An exception as `Type: its message's first line`."""
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
-
-
-@contextlib.contextmanager
-def blamed(name: str):
-    """A failure inside the user's metric, as one line naming it."""
-    try:
-        yield
-    except ShoalError:
-        raise
-    except Exception as error:  # whatever the user's code raises
-        raise ShoalError(f"{key(name)}: {described(error)}") from error
 
 
 def number(value: Any, name: str) -> float:
@@ -141,7 +123,7 @@ class UserMetrics:
         """The same metrics, each stateful one copied (copy.deepcopy): for evaluations in another thread."""
         copied = {}
         for name, metric in self.metrics.items():
-            with blamed(name):
+            with blamed(key(name)):
                 copied[name] = copy.deepcopy(metric) if stateful(metric) else metric
         return UserMetrics(copied)
 
@@ -152,7 +134,7 @@ class UserMetrics:
             if name in self.pristine:
                 self.metrics[name] = copy.deepcopy(self.pristine[name])
             elif stateful(metric):
-                with blamed(name):
+                with blamed(key(name)):
                     metric.reset()
 
     def update(self, outputs: torch.Tensor, labels: torch.Tensor) -> None:
@@ -166,7 +148,7 @@ class UserMetrics:
             self.labels.append(labels)
         for name, metric in self.metrics.items():
             if stateful(metric):
-                with blamed(name):
+                with blamed(key(name)):
                     metric.update(outputs, labels)
 
     def compute(self) -> dict[str, float]:
@@ -174,7 +156,7 @@ class UserMetrics:
         found = {}
         whole = (torch.cat(self.outputs), torch.cat(self.labels)) if self.outputs else (torch.empty(0),) * 2
         for name, metric in self.metrics.items():
-            with blamed(name):
+            with blamed(key(name)):
                 value = metric.compute() if stateful(metric) else metric(*whole)
             found[name] = number(value, name)
         self.outputs, self.labels = [], []

@@ -31,22 +31,21 @@ import torch
 from shoal.algorithms import Algorithm
 from shoal.errors import ShoalError
 from shoal.events import EventLog, Validation
-from shoal.train.objective import Objective
-from shoal.train.step import evaluate_rows
+from shoal.train.objective import Objective, evaluate
 
 
 class Validator:
     """Background evaluations of snapshots of `model`, every `every` counts or `seconds` seconds."""
 
     def __init__(self, model: torch.nn.Module, objective: Objective, rows, convert, events: EventLog | None,
-                 every: int = 0, seconds: float = 0.0, algorithm: Algorithm | None = None, metrics=None,
-                 step=None):
+                 every: int = 0, seconds: float = 0.0, algorithm: Algorithm | None = None, metrics=None):
         """`algorithm`: the job's, bound to `model`, whose consensus is what gets validated (None: `model`).
         `metrics`: the user's own (`UserMetrics`), for this validator alone (not shared with another thread).
-        `step`: the user's step, where it evaluates the test set (shoal cannot read the model's outputs)."""
+        A test set the user's step evaluates is never validated here (`train.validate_every` is refused then:
+        the step would draw from the training's random numbers, in another thread)."""
         self.enabled = bool(every or seconds) and rows is not None and events is not None
         self.model, self.objective, self.rows, self.convert, self.events = model, objective, rows, convert, events
-        self.algorithm, self.metrics, self.step = algorithm, metrics, step
+        self.algorithm, self.metrics = algorithm, metrics
         self.failure: ShoalError | None = None  # a user's metric that failed in the thread
         self.every, self.seconds = every, seconds
         self.shadow = copy.deepcopy(model) if self.enabled else None
@@ -58,7 +57,7 @@ class Validator:
     def from_job(cls, job, prepared, model, rows, convert, events, algorithm: Algorithm | None = None,
                  metrics=None) -> Validator:
         return cls(model, prepared.objective, rows, convert, events, job.train.validate_every,
-                   job.train.validate_seconds, algorithm, metrics, prepared.step if prepared.evaluate_by_step else None)
+                   job.train.validate_seconds, algorithm, metrics)
 
     def offer(self, count: int) -> None:
         """Called after each update or step with its count: start a validation if one is due."""
@@ -88,8 +87,7 @@ class Validator:
         began = time.perf_counter()
         try:
             with torch.no_grad():
-                metrics = evaluate_rows(self.shadow, self.objective, self.step, *self.rows, convert=self.convert,
-                                        metrics=self.metrics)
+                metrics = evaluate(self.shadow, self.objective, *self.rows, convert=self.convert, metrics=self.metrics)
         except ShoalError as error:  # the user's metric: raised on the training thread, at its next offer
             self.failure = error
             return

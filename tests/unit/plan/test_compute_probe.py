@@ -173,8 +173,8 @@ def evaluation_probe(rows: int, per_row: float):
                                    to_tensors=lambda features, labels: (torch.from_numpy(features),
                                                                         torch.from_numpy(labels)))
     probe = types.SimpleNamespace(loader=loader, model=RowsModel(per_row),
-                                  prepared=types.SimpleNamespace(objective=Objective("cross_entropy", 2), step=None,
-                                                                 evaluate_by_step=False))
+                                  prepared=types.SimpleNamespace(objective=Objective("cross_entropy", 2),
+                                                                 evaluation_step=None))
     probe.evaluate_rows = lambda: compute_probe.ComputeProbe.evaluate_rows(probe)
     return probe
 

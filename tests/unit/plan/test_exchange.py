@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from shoal.algorithms.compression import PowerSGD, make_compressor
-from shoal.algorithms.exchange import bucket_bytes, make_buckets
+from shoal.algorithms.exchange import make_buckets
+from shoal.bucket_rules import bucket_bytes
 from shoal.errors import ConfigError
 from shoal.plan.costs import Link
 from shoal.plan.exchange import (
