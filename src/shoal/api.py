@@ -15,7 +15,7 @@ from shoal.cluster.env import threads_per_worker
 from shoal.cluster.node import forkserver
 from shoal.cluster.node.rendezvous import Nodes
 from shoal.cluster.node.supervisor import Plan, supervise
-from shoal.code import job_code, object_file
+from shoal.code import job_code, job_destinations, object_file
 from shoal.config import GROUP_BY_MACHINE, ClusterConfig, JobConfig, apply_overrides, node_range, parse_override
 from shoal.data.balance import equal_plan
 from shoal.data.source import readable_here
@@ -263,7 +263,8 @@ def resumed_job(run_dir: str | Path, overrides=(), trust_code: bool = False) -> 
     Its job.toml is data anyone may have written: code it names (a model.factory, a model.object, a
     train.loss, train.step, data.transform, scheduler factory or metric function) is loaded (in the
     launcher and every worker) only when the user trusts the run directory, or names that factory again
-    in the overrides.
+    in the overrides; so is the MLflow logger it names, which would send the run's settings and metrics
+    to the server of its choosing (`job_destinations`).
     """
     job_file = Path(run_dir) / JOB_FILE
     if not job_file.exists():
@@ -277,7 +278,20 @@ def resumed_job(run_dir: str | Path, overrides=(), trust_code: bool = False) -> 
         if trust is not True and key not in given:
             raise ConfigError(f"{job_file}: {key} {reference!r} is code; resuming would run it: pass --trust-code "
                               f"(trust_code=True) if you trust this run directory, or give it again (--set {key}=...)")
+    if not trust_code:
+        check_destinations(job, job_file, given)
     return job
+
+
+def check_destinations(job: JobConfig, job_file: Path, given: set[str]) -> None:
+    """Refuse the MLflow settings a run's job.toml names and the user did not give again (`job_destinations`)."""
+    uri = job.output.mlflow_uri
+    where = f"at {uri!r}" if uri is not None else "in the run directory's mlruns"
+    for key, value in job_destinations(job):
+        if key not in given:
+            raise ConfigError(f"{job_file}: {key} {value!r}: resuming would send the run's settings (data paths "
+                              f"included) and metrics to MLflow {where}: pass --trust-code (trust_code=True) if "
+                              f"you trust this run directory, or give it again (--set {key}=...)")
 
 
 def given_keys(overrides) -> set[str]:

@@ -62,8 +62,8 @@ def train_here(args: argparse.Namespace, server=None) -> int:
     if args.interface:
         use_interface(args.interface)  # the workers inherit it
     secret = node_secret(args)
-    nodes = Nodes(count=maximum, minimum=minimum, rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id,
-                  secret=secret)
+    nodes = Nodes(count=maximum, minimum=minimum, rank=args.node_rank, endpoint=args.rdzv_endpoint, secret=secret,
+                  insecure=args.insecure)
     try:
         start(job, run_dir, nodes, resume=args.resume is not None, max_restarts=args.max_restarts, server=server)
     except Interrupted as interrupt:
@@ -95,7 +95,10 @@ def machines(args: argparse.Namespace, job) -> tuple[int, int]:
 
 
 def node_secret(args: argparse.Namespace) -> str | None:
-    """The job's secret: --secret-file's, the one a --hosts head sends on this node's input, or --rdzv-id."""
+    """The job's secret: --secret-file's, the one a --hosts head sends on this node's input, --rdzv-id, or
+    SHOAL_JOB_SECRET from the environment."""
+    from shoal.cluster.store import SECRET_VARIABLE
+
     if args.secret_file is not None and args.rdzv_id is not None:
         raise ShoalError("--secret-file and --rdzv-id: give one of them (either is the job's secret)")
     if args.secret_file is not None:
@@ -106,18 +109,18 @@ def node_secret(args: argparse.Namespace) -> str | None:
         from shoal.cluster.remote import stop_when_input_closes
 
         return stop_when_input_closes() or args.rdzv_id
-    return args.rdzv_id
+    return args.rdzv_id or os.environ.get(SECRET_VARIABLE) or None
 
 
 def trust_flag(job, hosts: bool = False) -> str:
     """What a resume of this job needs: a job that names code (a model.factory or model.object, or the user's
-    loss, step, transform, scheduler factory or metrics) is refused without --trust-code, and so is, started
-    on `hosts`, one whose cluster.remote is not ssh's."""
-    from shoal.code import job_code
+    loss, step, transform, scheduler factory or metrics) or the MLflow logger is refused without --trust-code,
+    and so is, started on `hosts`, one whose cluster.remote is not ssh's."""
+    from shoal.code import job_code, job_destinations
     from shoal.config import ClusterConfig
 
     remote = hosts and job.cluster.remote != ClusterConfig.remote
-    code = job.model.factory or job.model.object or job_code(job)
+    code = job.model.factory or job.model.object or job_code(job) or job_destinations(job)
     return " --trust-code" if code or remote else ""
 
 
@@ -406,11 +409,15 @@ def parser() -> argparse.ArgumentParser:
                          help="this machine's rank (default: 0 on the endpoint's machine, others in order of arrival)")
     cluster.add_argument("--rdzv-endpoint", help="HOST:PORT on the first machine, where the machines meet "
                          "(on a trusted network)")
-    cluster.add_argument("--rdzv-id", help="the job's secret, the same on every machine and known to nobody else: "
-                         "make it random (openssl rand -hex 16); without it (or --secret-file) any process that "
-                         "reaches the endpoint can steer the job")
     cluster.add_argument("--secret-file", type=Path, metavar="FILE",
-                         help="instead of --rdzv-id: read the job's secret from FILE (readable by its owner only)")
+                         help="the job's secret, the same on every machine and known to nobody else, read from FILE "
+                         "(readable by its owner only; make one: openssl rand -hex 16 > FILE); or SHOAL_JOB_SECRET "
+                         "in the environment. A job of several machines started by hand needs one")
+    cluster.add_argument("--rdzv-id", help="the job's secret on the command line, where every user of the machine "
+                         "sees it (ps): prefer --secret-file or SHOAL_JOB_SECRET")
+    cluster.add_argument("--insecure", action="store_true",
+                         help="machines started by hand meet without a secret: only where nobody else can reach the "
+                         "job's ports (anyone who can may read, steer and join the job)")
     cluster.add_argument("--interface", metavar="NAME",
                          help="network interface the workers talk on (default: the one that reaches the endpoint)")
     hosts = train.add_argument_group("one terminal for every machine (each reached by cluster.remote, ssh {host})")

@@ -4,7 +4,8 @@ A job is data every worker reads, so code enters it by reference, in one of two 
 `"package.module:function"` (imported where it runs, as `model.factory` is) or the name of a file
 in the run directory that `shoal.fit` wrote the user's object into by value (`"train.step.pkl"`),
 so a function defined in a notebook works too. Either runs code: read back from a run directory,
-a job's references are loaded only on the user's word (`--trust-code`; see `job_code`).
+a job's references are loaded only on the user's word (`--trust-code`; see `job_code`), and so are
+the settings by which it would send the run's records elsewhere (`job_destinations`).
 """
 
 from __future__ import annotations
@@ -76,6 +77,19 @@ def job_code(job) -> list[tuple[str, str]]:
         found.append(("train.scheduler.factory", factory))
     found += [(f"train.metrics.{name}", value) for name, value in (train.metrics or {}).items()]
     return found
+
+
+def job_destinations(job) -> list[tuple[str, Any]]:
+    """(its key, its value) for every setting by which a job sends the run's records beyond what it writes in
+    its run directory: with the MLflow logger on, `output.loggers` and the MLflow keys that are set (a tracking
+    server receives the job's settings, data paths included, and its metrics; a `file:` URI writes wherever it
+    points). The logger is named whatever its URI, one rule for a logger that can send. The CSV and TensorBoard
+    loggers write at fixed names inside the run directory and name nothing."""
+    output = job.output
+    if "mlflow" not in output.loggers:
+        return []
+    keys = (("output.mlflow_uri", output.mlflow_uri), ("output.mlflow_experiment", output.mlflow_experiment))
+    return [("output.loggers", output.loggers), *((key, value) for key, value in keys if value is not None)]
 
 
 @contextlib.contextmanager

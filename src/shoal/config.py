@@ -42,6 +42,9 @@ MAX_THREADS = 1024
 TIMEOUT_RANGE = (1.0, 7 * 24 * 3600.0)
 """cluster.timeout in seconds: workers need more than a second to meet at all, and a collective
 silent for over a week is stuck; the upper bound also keeps far inside timedelta and the store's clocks."""
+STALL_RANGE = (5.0, 7 * 24 * 3600.0)
+"""cluster.stall_timeout in seconds: workers beat every second, and a beat may come a few seconds late on a
+loaded machine, so a worker is not called hung before five beats are missed."""
 
 
 @dataclass
@@ -195,6 +198,18 @@ class ClusterConfig:
     """cpu, cuda, or auto (cuda when present); cuda uses NCCL, cpu gloo."""
     timeout: float = 300.0
     """Seconds any collective may wait before the job fails."""
+    stall_timeout: float = 30.0
+    """Seconds a worker may go without a heartbeat, or stuck at one step while the others wait for it, before
+    the others call it hung, whatever `timeout` is. Every worker beats each second from a thread of its own,
+    also while it computes a long step or waits in a collective; one that is stopped (SIGSTOP), frozen or cut
+    off falls silent. Its peers name it (rank, host, last step: "stopped answering") within this many seconds
+    plus about two, leave the collective they wait in, and the job restarts (--max-restarts) or stops as for
+    a dead worker; the silent worker is killed (SIGKILL) within seconds more. A worker whose training thread
+    is deadlocked (in its step, on a lock) beats on, but its beats say that it trains and waits for nobody:
+    once it has been busy at one step this long while another worker has waited as long in a collective,
+    that worker names it ("stopped making progress") and leaves the same way. A worker whose steps advance,
+    or that evaluates, checkpoints or loads data, is never taken for stuck; one step computed for this long
+    while another worker waits as long is: keep it above the longest step. From 5 s to a week."""
     groups: int | str = 1
     """Split the training workers into this many groups (hierarchical algorithms): Downpour
     gives each group a sub-master; averaging and EASGD average within a group every
@@ -246,6 +261,11 @@ class ClusterConfig:
                 and low <= self.timeout <= high):  # NaN fails the comparison too
             raise ConfigError(f"cluster.timeout: must be seconds from {low:g} to {high:g} (a week), "
                               f"got {self.timeout!r}")
+        low, high = STALL_RANGE
+        if not (isinstance(self.stall_timeout, (int, float)) and not isinstance(self.stall_timeout, bool)
+                and low <= self.stall_timeout <= high):
+            raise ConfigError(f"cluster.stall_timeout: must be seconds from {low:g} to {high:g} (a week), "
+                              f"got {self.stall_timeout!r}")
 
 
 @dataclass
@@ -280,6 +300,10 @@ class CheckpointConfig:
     """Save a checkpoint every this many epochs (and after the last); 0 turns checkpoints off."""
     keep: int = 2
     """How many of the newest checkpoints to keep."""
+    allow_nonfinite: bool = False
+    """Non-finite weights (NaN, inf) are a failure: model.pt is not written from them (the job stops in one
+    line) and a checkpoint holding them in the model's parameters or the optimizer's state is passed over on
+    resume. True writes model.pt all the same, with a warning, and resumes from such checkpoints."""
 
     def __post_init__(self) -> None:
         _at_least("checkpoint.every", self.every, 0)

@@ -5,12 +5,14 @@ Every kind of record is one dataclass here, written through `EventLog` and read 
 and benchmarks read attributes, never keys, so a field is added or renamed in one place. It sits
 below every other layer because the launcher (which knows why a worker failed), the workers and
 the readers all speak it. Each record is flushed as it is written: a reader never waits for the
-job to end.
+job to end. A full disk is one line (`EventsFull`) on every process that meets it, never a torn record.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import fcntl
 import functools
 import json
@@ -31,6 +33,8 @@ from shoal.safe_files import open_file
 
 EVENTS_FILE = "events.jsonl"
 KIND_KEY = "event"  # on disk, the record's kind sits beside its fields under this key
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""A full disk, a full quota, the process's file size limit (RLIMIT_FSIZE): no restart makes room."""
 
 
 @dataclass(kw_only=True)
@@ -299,6 +303,11 @@ KINDS: dict[str, type[Event]] = {kind.kind: kind for kind in (
 # ---------------------------------------------------------------- writing
 
 
+class EventsFull(ShoalError):
+    """The disk (or the quota, or the file size limit) filled up as a record was written: the record is not in
+    the file, and nothing half-written is either."""
+
+
 class EventLog:
     """Appends records to a run's events file; safe to share with a background thread and other processes.
 
@@ -306,15 +315,20 @@ class EventLog:
     as null, and a line torn by a writer that died mid-record is cut off before the next record,
     which would otherwise be glued to it and lost. Writers of one file take turns through `flock`
     on it (the launcher appends while the coordinator writes), so none mistakes another's record
-    in progress for a torn one.
+    in progress for a torn one. A record is one write of its whole line; one that fails or falls
+    short (a full disk) is cut off again before the turn passes on, and a full disk is `EventsFull`.
     """
 
     def __init__(self, run_dir: str | Path, listeners: Sequence[Callable[[Event], None]] = ()):
         """`listeners`: called with each record once it is on disk (rank 0's loggers), so what they
         show is what the file holds."""
+        self.run_dir = run_dir
         self.path = Path(run_dir) / EVENTS_FILE
-        # never through a link planted where the events belong: it would append to its target
-        self._handle = os.fdopen(open_file(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT), "ab+", buffering=0)
+        try:  # never through a link planted where the events belong: it would append to its target
+            descriptor = open_file(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        except OSError as error:
+            raise (self._full(os.strerror(error.errno)) if error.errno in FULL else error) from None
+        self._handle = os.fdopen(descriptor, "ab+", buffering=0)
         self._lock = threading.Lock()  # the background validation writes too
         self.listeners = list(listeners)
 
@@ -327,14 +341,36 @@ class EventLog:
             turn = _take_turn(descriptor)
             try:
                 _cut_torn_line(descriptor)
-                _write_all(descriptor, line.encode("utf-8"))
-                os.fsync(descriptor)
+                self._append(descriptor, line.encode("utf-8"))
             finally:
                 if turn:
                     fcntl.flock(descriptor, fcntl.LOCK_UN)
         for listener in self.listeners:
             listener(event)
         return event
+
+    def _append(self, descriptor: int, data: bytes) -> None:
+        """One record, durable, in one write (the file's turn is held); on a failure or a short write the file
+        is cut back to its size before it, so no reader or later writer ever sees part of it."""
+        size = os.fstat(descriptor).st_size
+        try:
+            written = os.write(descriptor, data)
+            if written == len(data):
+                os.fsync(descriptor)
+        except OSError as error:
+            with contextlib.suppress(OSError):  # shrinking needs no space; a later writer cuts a torn line anyway
+                os.ftruncate(descriptor, size)
+            if error.errno in FULL:
+                raise self._full(os.strerror(error.errno)) from None
+            raise
+        if written < len(data):  # only a full disk or a file size limit writes part of a line
+            with contextlib.suppress(OSError):
+                os.ftruncate(descriptor, size)
+            raise self._full(f"{written} of the record's {len(data)} bytes written")
+
+    def _full(self, reason: str) -> EventsFull:
+        return EventsFull(f"{self.path}: no room for the run's next record ({reason}): free some space, then "
+                          f"resume the run (shoal train --resume {self.run_dir})")
 
     def close(self) -> None:
         self._handle.close()
@@ -390,11 +426,6 @@ def _cut_torn_line(descriptor: int) -> None:
             return
         end = start
     os.ftruncate(descriptor, 0)
-
-
-def _write_all(descriptor: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(descriptor, data):]
 
 
 # ---------------------------------------------------------------- reading

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import choose_device, get_dist_info, init_process_group, threads_per_worker
 from shoal.cluster.environments import Slurm, detect, named
+from shoal.cluster.heartbeat import silence
 from shoal.cluster.orphan import end_with_parent
 from shoal.cluster.regroup import Regroup, regroup_stop
 from shoal.cluster.requeue import EXIT_REQUEUED, EpochEndStop, StopRequested, requeue
@@ -76,7 +77,8 @@ def run(argv: list[str] | None = None) -> dict:
         # restarted by torchrun's own agent, or requeued by SLURM: continue from the newest checkpoint
         resume = args.resume or info.restarts > 0 or info.requeued > 0
         callbacks = load_object(args.callbacks, "--callbacks") if args.callbacks else []  # rank 0 calls them
-        return run_worker(job, info, run_dir, threads, resume=resume, stop=stop, callbacks=callbacks)
+        return run_worker(job, info, run_dir, threads, resume=resume, stop=stop, callbacks=callbacks,
+                          on_stall=leave_for_stalled_peer(info.rank, recorder))
     except StopRequested as stopped:
         if isinstance(stop, Regroup):  # machines join: the launcher starts the job again with them
             stop.stopped(info.rank, stopped.epochs_done)
@@ -91,6 +93,25 @@ def run(argv: list[str] | None = None) -> dict:
         held.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def leave_for_stalled_peer(rank: int, recorder):
+    """What this worker does once another went cluster.stall_timeout without a heartbeat, or stuck at one step
+    while this one waited for it (`quiet`, the verdict): its collective would wait cluster.timeout for it, so
+    it leaves now, as a worker that lost a peer leaves, and its launcher ends the attempt (restarts or stops
+    the job). The main thread waits in C++, where nothing reaches it: the heartbeat's thread records the
+    failure and ends the process."""
+    def leave(quiet: dict) -> None:
+        message = f"worker rank {quiet['rank']} on {quiet['host']} {silence(quiet)}; rank {rank} waited for it"
+        try:
+            record_failure(RuntimeError(message))
+            if recorder is not None:  # under torchrun, srun or mpirun: this worker's exit, for rank 0's record
+                recorder.failed(message)
+            print(f"shoal worker {rank}: stopping: {message}", file=sys.stderr, flush=True)
+        finally:  # whatever happened above, this worker must not wait on
+            end_process(1)
+
+    return leave
 
 
 def slurm_warning(info, fixed_run_dir: bool) -> EpochEndStop | None:

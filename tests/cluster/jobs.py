@@ -13,6 +13,8 @@ from tests.distributed.common import write_dataset
 from tests.e2e.jobs import write_task
 
 PORT = 29400
+SECRET = "0c4f9a2b7d1e8c3a5f6b0d9e2a7c4b81"
+"""The job's secret every host is given, in its environment (SHOAL_JOB_SECRET), as the README says."""
 JOB_SECONDS = 120
 
 
@@ -81,7 +83,7 @@ def start_on_two_hosts(cluster, job: str, run_dir, env, *options: str, node_rank
         command = [sys.executable, "-m", "shoal", "train", job, "--workers", str(workers), "--nnodes", "2", *ranks,
                    "--rdzv-endpoint", f"{cluster.address(0)}:{PORT}", "--run-dir", str(run_dir), *options]
         log = (logs or cluster.shared) / f"{Path(run_dir).name}-host{host}.log"
-        launchers.append(cluster.start(host, command, env=env, log=log))
+        launchers.append(cluster.start(host, command, env={**env, "SHOAL_JOB_SECRET": SECRET}, log=log))
     return launchers
 
 

@@ -87,10 +87,10 @@ def test_without_a_shared_folder_each_host_keeps_its_own_files(two_hosts, projec
     assert_named_sigkill(first)
     assert_weights(first, reference)
     assert not (second / "events.jsonl").exists() and not (second / "model.pt").exists()
-    newest = sorted((second / "checkpoints").iterdir())[-1]
-    assert sorted(path.name for path in newest.iterdir()) == ["rank-00001.pt"]
+    newest = sorted((second / "checkpoints").glob("epoch-*"))[-1]
+    assert sorted(path.name for path in newest.iterdir()) == ["manifest.json", "rank-00001.pt"]
     assert sorted(path.name for path in (first / "checkpoints" / newest.name).iterdir()) == \
-        ["coordinator.pt", "rank-00000.pt"]
+        ["coordinator.pt", "manifest.json", "rank-00000.pt"]
 
 
 def test_a_cut_link_fails_both_launchers_in_time_naming_the_host(two_hosts, project_env):

@@ -16,7 +16,7 @@ import pytest
 from shoal.data.balance import proportional
 from shoal.events import read_events
 from tests.cluster.hosts import EmulatedCluster, missing_requirements
-from tests.cluster.jobs import PORT, wait_for_nodes
+from tests.cluster.jobs import PORT, SECRET, wait_for_nodes
 from tests.e2e.jobs import write_task
 
 HOSTS = 3
@@ -68,7 +68,7 @@ def train_on_every_host(cluster, job: str, run_dir: Path, env: dict) -> None:
                    "--node-rank", str(host), "--rdzv-endpoint", f"{cluster.address(0)}:{PORT}", "--run-dir",
                    str(run_dir)]
         logs.append(cluster.shared / f"{run_dir.name}-host{host}.log")
-        launchers.append(cluster.start(host, command, env=env, log=logs[-1]))
+        launchers.append(cluster.start(host, command, env={**env, "SHOAL_JOB_SECRET": SECRET}, log=logs[-1]))
     wait_for_nodes(launchers, logs, JOB_SECONDS)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ from shoal.train.exits import WITHOUT_A_WORD
 from tests.distributed.harness import free_port
 from tests.e2e.jobs import write_job as write_task_job
 from tests.e2e.jobs import write_task
+from tests.support import deadlock
 
 TIMEOUT = 240
 EPOCHS = 4
@@ -223,6 +225,111 @@ def test_a_stopped_worker_fails_the_job_within_the_timeout(task, tmp_path, proje
     assert not processes_mentioning(str(run_dir)), "the stopped worker was left behind"
     assert events(run_dir, "worker_failed")[0]["rank"] == 1
     assert events(run_dir, "job_end")[-1]["status"] == "failed"
+
+
+STALL = 5  # cluster.stall_timeout, seconds; cluster.timeout stays at its 300
+
+
+def test_a_hung_worker_is_named_within_the_stall_timeout_and_the_job_restarts(task, uninterrupted, tmp_path,
+                                                                              project_env):
+    """SIGSTOP leaves a worker alive and silent (its heartbeat thread stops with it), where only the collectives'
+    300 s timeout used to end the wait. It is named as not answering well within a minute of the stop (the
+    documented time is STALL + about 2 s, then seconds to kill it and end the attempt: the bound is generous),
+    the job restarts from its checkpoint and ends with the uninterrupted job's weights; nothing is left behind."""
+    job = write_job(tmp_path / "job.toml", task, action="stop", at=STEPS_PER_EPOCH + 20, marker=tmp_path / "fired",
+                    extra=f"[cluster]\nstall_timeout = {STALL}")
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "stderr", "w") as stderr:
+        launcher = subprocess.Popen([sys.executable, "-m", "shoal", "train", str(job), "--workers", "2", "--run-dir",
+                                     str(run_dir), "--max-restarts", "1"], stdout=subprocess.DEVNULL, stderr=stderr,
+                                    env=project_env)
+    seen: set[psutil.Process] = set()  # every process of the job (forked workers do not name the run directory)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while launcher.poll() is None:
+            assert time.monotonic() < deadline, "the job did not end"
+            with contextlib.suppress(psutil.Error):
+                seen.update(psutil.Process(launcher.pid).children(recursive=True))
+            time.sleep(0.2)
+    finally:
+        launcher.kill()
+        left = [process for process in seen if alive(process)]
+        for process in left:  # a stopped worker cannot act on SIGTERM, nor die before it runs again
+            with contextlib.suppress(psutil.Error):
+                process.resume()
+                process.kill()
+    said = (tmp_path / "stderr").read_text()
+    assert launcher.returncode == 0, said[-3000:]
+    assert not left, f"left behind: {left}"
+    failed = events(run_dir, "worker_failed")
+    assert len(failed) == 1 and failed[0]["rank"] == 1 and failed[0].get("signal") is None, failed
+    assert "stopped answering at step" in failed[0]["message"], failed
+    assert failed[0]["time"] - (tmp_path / "fired").stat().st_mtime < 3 * STALL + 30
+    lines = [line for line in said.splitlines() if line.startswith("shoal: worker rank 1 on ")]
+    assert len(lines) == 1 and "stopped answering at step" in lines[0] and lines[0].endswith(
+        "; the others waited for it; restarting from epoch 1's checkpoint, restart 1 of 1"), said[-3000:]
+    assert [event["from_epoch"] for event in events(run_dir, "job_restarted")] == [1]
+    assert events(run_dir, "job_end")[-1]["status"] == "completed"
+    assert_same_weights(run_dir, uninterrupted[1])
+
+
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def run_watched(arguments: list, env: dict, stderr: Path) -> tuple[int, list[psutil.Process]]:
+    """`python -m shoal *arguments` run to its end (TIMEOUT at most) with every process it starts watched: its exit
+    status, and those of its processes still alive after it ended (killed then: none is left behind either way)."""
+    with open(stderr, "w") as said:
+        launcher = subprocess.Popen([sys.executable, "-m", "shoal", *map(str, arguments)], stdout=subprocess.DEVNULL,
+                                    stderr=said, env=env)
+    seen: set[psutil.Process] = set()  # forked workers do not name the run directory
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while launcher.poll() is None:
+            assert time.monotonic() < deadline, "the job did not end"
+            with contextlib.suppress(psutil.Error):
+                seen.update(psutil.Process(launcher.pid).children(recursive=True))
+            time.sleep(0.2)
+    finally:
+        launcher.kill()
+        launcher.wait()
+        left = [process for process in seen if alive(process)]
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.resume()
+                process.kill()
+    return launcher.returncode, left
+
+
+def test_a_deadlocked_worker_is_named_within_the_stall_timeout_and_the_job_restarts(task, tmp_path, project_env):
+    """Rank 1's own step (tests.support.deadlock) blocks forever in epoch 2, as on a lock, while its heartbeat
+    thread beats on: silence never names it, and cluster.timeout (300 s) would. Rank 0 waits for it in sync's
+    gradient exchange (on the exchange's own thread); once it has waited STALL seconds and rank 1 has trained at
+    one step as long, rank 0 names rank 1 as stopped making progress and leaves, the launcher ends the attempt,
+    and the restarted attempt (whose step finds the marker and does not block) completes. The bound on the time
+    to name it is generous: the documented time is STALL plus about 2 s, then seconds to end the attempt."""
+    job = write_task_job(tmp_path / "job.toml", *task, algorithm="sync", options="overlap = true",
+                         extra=f"[cluster]\nstall_timeout = {STALL}")
+    job.write_text(job.read_text().replace("[train]\n", f'[train]\nstep = "{deadlock.__name__}:step"\n', 1))
+    run_dir, fired = tmp_path / "run", tmp_path / "fired"
+    returncode, left = run_watched(["train", job, "--workers", 2, "--run-dir", run_dir, "--max-restarts", 1],
+                                   {**project_env, deadlock.MARKER: str(fired)}, tmp_path / "stderr")
+    said = (tmp_path / "stderr").read_text()
+    assert returncode == 0, said[-3000:]
+    assert not left, f"left behind: {left}"
+    failed = events(run_dir, "worker_failed")
+    assert len(failed) == 1 and failed[0]["rank"] == 1, failed
+    assert f"stopped making progress at step {deadlock.AT - 1} (busy outside the exchange for " in failed[0]["message"]
+    assert failed[0]["time"] - fired.stat().st_mtime < 3 * STALL + 30
+    lines = [line for line in said.splitlines() if line.startswith("shoal: worker rank 1 on ")]
+    assert len(lines) == 1 and "stopped making progress at step" in lines[0] and lines[0].endswith(
+        "; the others waited for it; restarting from epoch 1's checkpoint, restart 1 of 1"), said[-3000:]
+    assert [event["from_epoch"] for event in events(run_dir, "job_restarted")] == [1]
+    assert events(run_dir, "job_end")[-1]["status"] == "completed"
 
 
 def test_a_nan_loss_stops_the_job_naming_epoch_and_step(task, tmp_path, project_env):

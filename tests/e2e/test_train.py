@@ -43,7 +43,8 @@ def two_nodes(job, folder, project_env, *settings: str) -> list[subprocess.Compl
     nodes = [subprocess.Popen([sys.executable, "-m", "shoal", "train", str(job), "--workers", "1", "--nnodes", "2",
                                "--node-rank", str(rank), "--rdzv-endpoint", endpoint, "--run-dir",
                                str(folder / f"node{rank}"), *overrides],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=project_env)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**project_env, "SHOAL_JOB_SECRET": "7e1d0c9b3a2f4e5d6c7b8a9f0e1d2c3b"})
              for rank in (0, 1)]
     try:
         outputs = [node.communicate(timeout=TIMEOUT) for node in nodes]

@@ -1,6 +1,6 @@
 """Run directories are data, through `shoal train` in this process: it starts shoal's fork server (or a host's
-remote command) before it refuses a factory, a remote command or hosts found in a run's job.toml, or a failing
-factory, in one line (what needs no process: tests/unit/test_trust.py)."""
+remote command) before it refuses a factory, a remote command, hosts or an MLflow server found in a run's
+job.toml, or a failing factory, in one line (what needs no process: tests/unit/test_trust.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,16 @@ import pytest
 import shoal
 from shoal.cli import main
 from shoal.errors import ConfigError
-from tests.unit.test_trust import untrusted_line, write_dataset, write_remote_run, write_resumable
+from tests.unit.test_trust import (
+    sent_line,
+    server_uri,
+    tracking_server,  # noqa: F401 (a fixture)
+    untrusted_line,
+    write_dataset,
+    write_logged_run,
+    write_remote_run,
+    write_resumable,
+)
 
 pytestmark = pytest.mark.usefixtures("quiet_environment")
 
@@ -83,3 +92,16 @@ def test_resume_of_a_copied_run_without_its_pickle_stops_before_any_worker(tmp_p
     assert main(["train", "--resume", str(run_dir), "--trust-code"]) == 2
     assert capsys.readouterr().err == (f"shoal: error: model.object: {run_dir / 'model.object.pkl'}: no such file "
                                        "in the run directory\n")
+
+
+def test_resume_refuses_the_mlflow_server_a_run_directory_names_and_sends_nothing(
+        tmp_path, capsys, tracking_server):  # noqa: F811
+    uri = server_uri(tracking_server)
+    where = f"at {uri!r}"
+    run_dir = write_logged_run(tmp_path, f'loggers = ["mlflow"]\nmlflow_uri = "{uri}"')
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    assert capsys.readouterr().err == f"shoal: error: {sent_line(run_dir, 'output.loggers', ['mlflow'], where)}\n"
+    assert main(["train", "--resume", str(run_dir), "--set", 'output.loggers=["mlflow"]']) == 2
+    assert capsys.readouterr().err == f"shoal: error: {sent_line(run_dir, 'output.mlflow_uri', uri, where)}\n"
+    assert tracking_server.requests == []
+    assert sorted(path.name for path in run_dir.iterdir()) == ["job.toml"]

@@ -58,6 +58,51 @@ def sabotaged(features: int = 20, rank: int = 1, at: int = 0, action: str = "non
     return Saboteur(features, rank, at, action, marker, delay)
 
 
+class FailsAgainAtOnce(nn.Module):
+    """A small MLP whose worker of `rank` is killed (SIGKILL) at its `at`-th training forward pass, then again at
+    the first training forward pass of the worker that restarts: a restart that fails before its first step.
+    Files in `folder` tell each kill that it happened, so the next worker goes on normally."""
+
+    def __init__(self, features: int, rank: int, at: int, folder: str):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(features, 16), nn.Tanh(), nn.Linear(16, 2))
+        self.rank, self.at, self.folder = rank, at, folder
+        self.count = 0
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.training and get_dist_info().rank == self.rank:
+            self.count += 1
+            first, again = os.path.join(self.folder, "killed"), os.path.join(self.folder, "killed-again")
+            due = first if self.count == self.at and not os.path.exists(first) else None
+            if os.path.exists(first) and not os.path.exists(again) and self.count == 1:
+                due = again
+            if due is not None:
+                open(due, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+        return self.inner(inputs)
+
+
+def failing_again_at_once(features: int = 20, rank: int = 1, at: int = 0, folder: str = "") -> nn.Module:
+    return FailsAgainAtOnce(features, rank, at, folder)
+
+
+class WithAnInfiniteWeight(nn.Module):
+    """A small MLP beside a parameter that is infinite and never trained (no loss reaches it): training goes on
+    with a finite loss, and the weights to save are not all finite."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(features, 2))
+        self.unused = nn.Parameter(torch.full((3,), float("inf")))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.inner(inputs)
+
+
+def with_an_infinite_weight(features: int = 20) -> nn.Module:
+    return WithAnInfiniteWeight(features)
+
+
 class Straggler(nn.Module):
     """A small MLP that sleeps `delay` seconds in every training forward pass on worker `rank`."""
 

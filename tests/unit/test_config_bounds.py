@@ -1,5 +1,5 @@
 """Values that pass a type check but fail in every worker are refused at load: train.seed,
-cluster.timeout and cluster.threads have ranges, each error one line naming the key."""
+cluster.timeout, cluster.stall_timeout and cluster.threads have ranges, each error one line naming the key."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 import torch
 
+from shoal.cluster.heartbeat import HEARTBEAT_SECONDS
 from shoal.config import MAX_THREADS, SEED_LIMIT, TIMEOUT_RANGE
 from shoal.errors import ConfigError
 from shoal.jobs import load_job
@@ -94,6 +95,38 @@ def test_the_longest_timeout_fits_what_the_workers_make_of_it():
     assert timedelta(seconds=high).total_seconds() == high
     with pytest.raises(OverflowError):
         timedelta(seconds=1e15)  # what the workers met before the range
+
+
+# ---------------------------------------------------------------- cluster.stall_timeout
+
+
+@pytest.mark.parametrize("seconds", ["0", "4.9", "-5", "604801", "inf", "nan"])
+def test_a_stall_timeout_out_of_range_is_refused_naming_the_key(tmp_path, seconds):
+    message = refused(tmp_path, f"\n[cluster]\nstall_timeout = {seconds}\n")
+    assert message.startswith("cluster.stall_timeout: must be seconds from 5 to 604800 (a week), got ")
+
+
+@pytest.mark.parametrize("seconds", ["true", '"soon"', "[30]"])
+def test_a_stall_timeout_that_is_no_number_is_refused_naming_the_key(tmp_path, seconds):
+    assert refused(tmp_path, f"\n[cluster]\nstall_timeout = {seconds}\n").startswith("cluster.stall_timeout: ")
+
+
+def test_the_stall_timeout_is_checked_in_an_override_too(tmp_path):
+    assert refused(tmp_path, overrides=("cluster.stall_timeout=1",)) == (
+        "cluster.stall_timeout: must be seconds from 5 to 604800 (a week), got 1")
+
+
+@pytest.mark.parametrize("seconds", [5, 12.5, 604800])
+def test_a_stall_timeout_in_range_loads_whatever_the_timeout(tmp_path, seconds):
+    cluster = loaded(tmp_path, f"\n[cluster]\nstall_timeout = {seconds}\ntimeout = 1\n").cluster
+    assert (cluster.stall_timeout, cluster.timeout) == (seconds, 1)
+
+
+def test_a_hung_worker_is_named_within_a_minute_by_default(tmp_path):
+    """The default leaves room for the beats' own second or two under 60 s (see Heartbeat.stalled)."""
+    cluster = loaded(tmp_path, "").cluster
+    assert cluster.stall_timeout == 30 and cluster.stall_timeout + 3 * HEARTBEAT_SECONDS < 60
+    assert cluster.stall_timeout < cluster.timeout
 
 
 # ---------------------------------------------------------------- cluster.threads

@@ -33,6 +33,15 @@ def test_a_silent_worker_wins_over_every_report():
     assert text == "worker rank 5 on node-c stopped answering at step 300; the others waited for it"
 
 
+def test_a_worker_hung_past_the_stall_timeout_is_named_with_its_silence():
+    silent = {"rank": 1, "host": "node-a", "step": 67, "count": 70, "silent_for": 31.2}
+    killed = WorkerFailed(rank=1, host="node-a", exit_code=-9, signal="SIGKILL", message="killed by SIGKILL")
+    failure, text = root_cause([cause(0, killed)], [], silent, HOSTS)  # killed by its launcher afterwards
+    said = "stopped answering at step 67 (no heartbeat for 31 s)"
+    assert failure == WorkerFailed(rank=1, host="node-a", message=said)
+    assert text == f"worker rank 1 on node-a {said}; the others waited for it"
+
+
 def test_a_nodes_own_cause_wins_over_consequences():
     failure, text = root_cause([consequence(0, LOST_PEER), consequence(1, STOPPED), cause(2)], [], None, HOSTS)
     assert failure == CAUSE

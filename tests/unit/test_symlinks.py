@@ -181,6 +181,7 @@ def test_a_link_at_the_epoch_being_written_goes_but_not_its_target(tmp_path, run
     (run / CHECKPOINTS / f".{folder_name(1)}.tmp").symlink_to(mine / folder_name(1))  # the old fixed temporary name
     path = Checkpointer(run, Communicator(0, 1), keep=5).save(1, rank_state(1), {})
     assert not path.is_symlink() and sorted(entry.name for entry in path.iterdir()) == ["coordinator.pt",
+                                                                                       "manifest.json",
                                                                                        "rank-00000.pt"]
     assert sorted(entry.name for entry in (mine / folder_name(1)).iterdir()) == ["thesis.tex"]
     assert (mine / folder_name(1) / "thesis.tex").read_text() == VICTIM_TEXT

@@ -1,11 +1,16 @@
 """Run directories are data: a model.factory found in model.pt or a run's job.toml is imported only on
-the user's word (--trust-code, trust_code=True, or the same factory named again); factories never change
-sys.path for good, and whatever a factory raises is one line."""
+the user's word (--trust-code, trust_code=True, or the same factory named again), and the MLflow logger a
+run's job.toml names sends nothing without it; factories never change sys.path for good, and whatever a
+factory raises is one line."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -258,3 +263,98 @@ def test_a_run_naming_code_of_its_own_is_resumed_only_when_trusted_or_given_agai
     assert resumed_job(run_dir, trust_code=True) is not None
     assert resumed_job(run_dir, [f'{key}="{reference}"']) is not None
     assert trust_flag(resumed_job(run_dir, trust_code=True)) == " --trust-code"
+
+
+# ---------------------------------------------------------------- resume: where the run's records would go
+
+
+class Listener(http.server.BaseHTTPRequestHandler):
+    """Records every request and answers it with an MLflow error (a client gives up at once, not retrying)."""
+
+    def answer(self) -> None:
+        self.server.requests.append(f"{self.command} {self.path}")
+        body = json.dumps({"error_code": "INVALID_PARAMETER_VALUE", "message": "refused by the test"}).encode()
+        self.send_response(400)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = answer
+
+    def log_message(self, *arguments) -> None:
+        pass
+
+
+@pytest.fixture
+def tracking_server() -> Iterator[http.server.ThreadingHTTPServer]:
+    """A real HTTP server on 127.0.0.1 standing in for an MLflow tracking server; `.requests` lists what it got."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Listener)
+    server.requests = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def server_uri(server: http.server.ThreadingHTTPServer) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def write_logged_run(tmp_path: Path, output: str) -> Path:
+    """A copied run directory whose job.toml has this [output] table (and nothing else to refuse)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    train = write_dataset(tmp_path / "train")
+    (run_dir / "job.toml").write_text(f'model = {{ layers = [{{ dense = 2 }}] }}\ndata = {{ train = "{train}" }}\n'
+                                      f'[output]\n{output}\n')
+    return run_dir
+
+
+def sent_line(run_dir: Path, key: str, value, where: str) -> str:
+    return (f"{run_dir / 'job.toml'}: {key} {value!r}: resuming would send the run's settings (data paths included) "
+            f"and metrics to MLflow {where}: pass --trust-code (trust_code=True) if you trust this run directory, "
+            f"or give it again (--set {key}=...)")
+
+
+def test_a_run_naming_an_mlflow_server_is_resumed_only_when_trusted_or_given_again(tmp_path, tracking_server):
+    uri = server_uri(tracking_server)
+    run_dir = write_logged_run(tmp_path, f'loggers = ["mlflow"]\nmlflow_uri = "{uri}"\nmlflow_experiment = "x"')
+    with pytest.raises(ConfigError) as caught:
+        resumed_job(run_dir)
+    assert str(caught.value) == sent_line(run_dir, "output.loggers", ["mlflow"], f"at {uri!r}")
+    with pytest.raises(ConfigError) as caught:  # the Python API the same, before anything starts
+        shoal.resume(run_dir)
+    assert str(caught.value) == sent_line(run_dir, "output.loggers", ["mlflow"], f"at {uri!r}")
+    # the logger given again does not vouch for the server or the experiment the run names
+    with pytest.raises(ConfigError, match=r": output\.mlflow_uri 'http://127\.0\.0\.1:\d+': resuming would send"):
+        resumed_job(run_dir, ['output.loggers=["mlflow"]'])
+    with pytest.raises(ConfigError, match=r": output\.mlflow_experiment 'x': resuming would send"):
+        resumed_job(run_dir, ['output.loggers=["mlflow"]', f'output.mlflow_uri="{uri}"'])
+    assert resumed_job(run_dir, ['output.loggers=["mlflow"]', f'output.mlflow_uri="{uri}"',
+                                 'output.mlflow_experiment="x"']).output.mlflow_uri == uri
+    assert resumed_job(run_dir, ['output.loggers=["csv"]']).output.loggers == ["csv"]  # MLflow off: nothing sent
+    trusted = resumed_job(run_dir, trust_code=True)
+    assert trusted.output.mlflow_uri == uri
+    assert trust_flag(trusted) == " --trust-code"  # what an interrupted job suggests
+    assert tracking_server.requests == []  # deciding sends nothing
+
+
+def test_mlflow_in_the_run_directory_is_refused_too_and_csv_and_tensorboard_are_not(tmp_path):
+    run_dir = write_logged_run(tmp_path, 'loggers = ["csv", "tensorboard", "mlflow"]')
+    with pytest.raises(ConfigError) as caught:
+        resumed_job(run_dir)
+    assert str(caught.value) == sent_line(run_dir, "output.loggers", ["csv", "tensorboard", "mlflow"],
+                                          "in the run directory's mlruns")
+    (run_dir / "job.toml").write_text((run_dir / "job.toml").read_text().replace(', "mlflow"', ""))
+    job = resumed_job(run_dir)  # they write at fixed names inside the run directory
+    assert job.output.loggers == ["csv", "tensorboard"] and trust_flag(job) == ""
+
+
+def test_mlflow_settings_without_the_logger_are_inert(tmp_path):
+    run_dir = write_logged_run(tmp_path, 'mlflow_uri = "file:///etc"\nmlflow_experiment = "x"')
+    assert resumed_job(run_dir).output.loggers == []

@@ -3,9 +3,12 @@ the whole traceback for a failure of its own."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from shoal import worker
+from shoal.errors import lost_peer
 
 GLOO = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
         "[127.0.0.1]:22914. This is typically caused by a remote worker crashing. Check the logs of the remote "
@@ -46,3 +49,17 @@ def test_debugging_the_launch_keeps_a_lost_peers_traceback(monkeypatch):
     monkeypatch.setattr(worker, "run", failing(RuntimeError(GLOO)))
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
         worker.main([])
+
+
+def test_a_worker_leaves_when_a_peer_stopped_answering(monkeypatch, capsys, tmp_path):
+    """From the heartbeat's thread: the failure for its launcher (a consequence, naming the hung rank), one line,
+    and the process ends (here: the status it would end with)."""
+    ended = []
+    monkeypatch.setattr(worker, "end_process", ended.append)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+    worker.leave_for_stalled_peer(0, None)({"rank": 1, "host": "box1", "step": 67, "silent_for": 31.2})
+    said = "worker rank 1 on box1 stopped answering at step 67 (no heartbeat for 31 s); rank 0 waited for it"
+    assert ended == [1]
+    assert capsys.readouterr().err == f"shoal worker 0: stopping: {said}\n"
+    recorded = json.loads((tmp_path / "error.json").read_text())["message"]["message"]
+    assert recorded == f"RuntimeError: {said}" and lost_peer(recorded)  # the hung rank is the cause, not this one

@@ -11,7 +11,9 @@ parameter this batch did not use) counts as zeros when the backward pass ends.
 
 After the backward pass the loop waits for the last buckets; only that wait is communication in
 the epoch's time split (the rest was hidden behind the backward pass). The exchange's own clock
-(`exchange_seconds`) and what it hid are reported per epoch.
+(`exchange_seconds`) and what it hid are reported per epoch. For the stall inspector (shoal.cluster.waits)
+only that wait marks the training thread as waiting for the others: while the exchange's thread waits in
+its collectives, the training thread computes the backward pass, and is busy.
 
 With several workers on a machine and several machines (`hierarchical`), a bucket is first summed
 onto the machine's first worker, the first workers exchange across machines, and the result is
@@ -40,6 +42,7 @@ import torch
 
 from shoal.algorithms.compression import Compressor, Exact, HalfPrecision
 from shoal.bucket_rules import cut
+from shoal.cluster.waits import WAITS
 from shoal.errors import ShoalError
 
 
@@ -237,10 +240,12 @@ class GradientExchange:
             bucket.fill_rest(self.local_rows)
         self.launch_ready()
         start = time.perf_counter()
+        thread = WAITS.enter()  # the training thread now waits for the others, through the exchange's thread
         try:
             for future in self.pending:
                 future.result()
         finally:
+            WAITS.leave(thread)
             waited = time.perf_counter() - start
             self.waited += waited
             self.comm.count(waited)

@@ -7,6 +7,11 @@ one skips communication entirely, so one worker is plain training at no cost.
 Point-to-point messages (the parameter servers') go over the group `message_group()` names:
 the default group under gloo, a gloo group of all ranks beside it under NCCL, which cannot
 receive from any source.
+
+Values other than tensors (hosts, a run directory, a checkpoint's state) travel as plain data
+(`shoal.cluster.codec`), as bytes in a uint8 tensor, never pickled: torch's own object
+collectives unpickle what a peer sends, which would let anyone who reaches the process group
+run code in every rank. Nothing a peer sends can run code in this process.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from shoal.cluster.codec import CodecError, decode, encode
+from shoal.cluster.waits import WAITS
 from shoal.errors import ShoalError
 
 
@@ -39,6 +46,11 @@ def unpack_from(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> int:
         tensor.copy_(flat[offset : offset + size].view_as(tensor))
         offset += size
     return offset
+
+
+def byte_tensor(payload: bytes) -> torch.Tensor:
+    """`payload` as a uint8 tensor in CPU memory (a copy)."""
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else torch.empty(0, dtype=torch.uint8)
 
 
 _messages: tuple[dist.ProcessGroup, dist.ProcessGroup | None] | None = None
@@ -93,7 +105,8 @@ class FlatBuffer:
 
 
 class Communicator:
-    """A process group (or sub-group) with timed collectives."""
+    """A process group (or sub-group) with timed collectives; each collective and message is also marked as the
+    calling thread's wait for the others (shoal.cluster.waits), which the stall inspector reads."""
 
     def __init__(self, rank: int, world_size: int, group: dist.ProcessGroup | None = None,
                  device: torch.device = torch.device("cpu")):
@@ -144,7 +157,11 @@ class Communicator:
 
     def _timed(self, operation, *args, **kwargs):
         start = time.perf_counter()
-        result = operation(*args, group=self.group, **kwargs)
+        thread = WAITS.enter()  # the stall inspector tells a rank that waits from one that is stuck elsewhere
+        try:
+            result = operation(*args, group=self.group, **kwargs)
+        finally:
+            WAITS.leave(thread)
         self.count(time.perf_counter() - start)
         return result
 
@@ -193,31 +210,62 @@ class Communicator:
         self._timed(dist.all_gather, parts, local)
         return torch.stack(parts).to(tensor.device)
 
-    def all_gather_object(self, value):
-        if self.world_size == 1:
-            return [value]
-        parts = [None] * self.world_size
-        self._timed(dist.all_gather_object, parts, value)
-        return parts
+    def all_gather_object(self, value) -> list:
+        """Every rank's `value`, in rank order, as plain data (`shoal.cluster.codec`: what cannot travel is a
+        TypeError here, on the rank that sends it; every rank, this one too, gets decoded copies)."""
+        payloads = self.all_gather_bytes(encode(value))
+        return [decode(payload, f"rank {rank}") for rank, payload in enumerate(payloads)]
 
     def broadcast_object(self, value, source: int = 0):
+        """Rank `source`'s `value` on every rank (a copy on `source` too), as plain data (see `all_gather_object`);
+        the others' `value` is ignored."""
+        return decode(self.broadcast_bytes(encode(value) if self.rank == source else None, source), f"rank {source}")
+
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        """Every rank's `payload`, in rank order: the sizes first, then the bytes padded to the longest."""
         if self.world_size == 1:
-            return value
-        holder = [value]
-        self._timed(dist.broadcast_object_list, holder, src=source)
-        return holder[0]
+            return [bytes(payload)]
+        sizes = self.all_gather(torch.tensor([len(payload)], dtype=torch.int64))[:, 0].tolist()
+        if min(sizes) < 0:
+            raise CodecError(f"refused a message of {min(sizes)} bytes from rank {sizes.index(min(sizes))}")
+        padded = torch.zeros(max(sizes), dtype=torch.uint8, device=self.device)
+        padded[: len(payload)] = byte_tensor(payload).to(self.device)
+        parts = self.all_gather(padded).cpu()
+        return [parts[rank, :size].numpy().tobytes() for rank, size in enumerate(sizes)]
+
+    def broadcast_bytes(self, payload: bytes | None, source: int = 0) -> bytes:
+        """Rank `source`'s `payload` on every rank (the others pass None): its size first, then its bytes."""
+        if self.world_size == 1:
+            return bytes(payload)
+        size = torch.tensor([len(payload) if self.rank == source else 0], dtype=torch.int64, device=self.device)
+        self.broadcast_(size, source)
+        if self.rank == source:
+            self.broadcast_(byte_tensor(payload).to(self.device), source)
+            return bytes(payload)
+        if int(size) < 0:
+            raise CodecError(f"refused a message of {int(size)} bytes from rank {source}")
+        received = self.broadcast_(torch.empty(int(size), dtype=torch.uint8, device=self.device), source)
+        return received.cpu().numpy().tobytes()
 
     def send(self, tensor: torch.Tensor, destination: int, tag: int) -> None:
         """Point-to-point: `tensor` (in CPU memory) to world rank `destination`, as a message of kind `tag`."""
         start = time.perf_counter()
-        dist.send(tensor, dst=destination, tag=tag, group=message_group())
+        thread = WAITS.enter()
+        try:
+            dist.send(tensor, dst=destination, tag=tag, group=message_group())
+        finally:
+            WAITS.leave(thread)
         self.seconds += time.perf_counter() - start
 
     def receive(self, tensor: torch.Tensor, source: int | None, tag: int) -> int:
         """Point-to-point: a message of kind `tag` into `tensor` (in CPU memory), from world rank `source` or
         any; the sender."""
         start = time.perf_counter()
-        sender = dist.recv(tensor, src=source, tag=tag, group=message_group())
+        thread = WAITS.enter()
+        try:
+            sender = dist.recv(tensor, src=source, tag=tag, group=message_group())
+        finally:
+            WAITS.leave(thread)
         self.seconds += time.perf_counter() - start
         return sender
 

@@ -23,7 +23,7 @@ from shoal.cluster.device_agreement import agree_device
 from shoal.cluster.environments import detect, named
 from shoal.cluster.environments.mpi import MPI_LAUNCHERS, agree_master
 from shoal.cluster.interface import choose_interface
-from shoal.cluster.store import attempt_store, client, group_store, worker_secret
+from shoal.cluster.store import attempt_store, client, group_store, worker_context, worker_secret
 from shoal.errors import ShoalError
 
 
@@ -113,7 +113,7 @@ def rendezvous_store(info: DistInfo, timeout: float) -> dist.Store:
     store, _, _ = next(dist.rendezvous("env://", info.rank, info.world_size, timeout=timedelta(seconds=timeout)))
     store.set_timeout(timedelta(seconds=timeout))
     secret = worker_secret()
-    return group_store(store, secret) if secret else store
+    return group_store(store, secret, worker_context()) if secret else store
 
 
 def agree_attempt(info: DistInfo, master: tuple[str, int], timeout: float) -> tuple[int, dict]:

@@ -9,6 +9,8 @@ result (sums are taken in rank order, so they are deterministic); point-to-point
 world ranks, are copied when sent and wait in per-(destination, tag) mailboxes, so a receive
 from any source returns the sender's rank. Unlike gloo, a send never waits for its receiver.
 `broadcast_` and `broadcast_object` take `source` as a rank of the communicator they are called on.
+Objects travel through the real one's codec (`shoal.cluster.codec`), so a value that could not
+cross the network (a dataclass, an arbitrary object) fails a unit test as it would fail a job.
 
 Every wait has a timeout (a few seconds by default): a test whose ranks call different
 collectives fails with an error naming the operation and the rank instead of hanging.
@@ -16,12 +18,13 @@ collectives fails with an error naming the operation and the rank instead of han
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 import torch
+
+from shoal.cluster.codec import decode, encode
 
 DEFAULT_TIMEOUT = 5.0  # seconds any rank waits for the others
 
@@ -196,11 +199,20 @@ class FakeCommunicator:
         parts = self._exchange("all_gather", tensor.detach().clone())
         return torch.stack(parts).to(tensor.device)
 
-    def all_gather_object(self, value):
-        return [copy.deepcopy(part) for part in self._exchange("all_gather_object", value)]
+    def all_gather_object(self, value) -> list:
+        """Every rank's `value` through the real one's codec: a value that could not travel fails here too."""
+        payloads = self.all_gather_bytes(encode(value))
+        return [decode(payload, f"rank {rank}") for rank, payload in enumerate(payloads)]
 
     def broadcast_object(self, value, source: int = 0):
-        return copy.deepcopy(self._exchange(f"broadcast_object(source={source})", value)[source])
+        return decode(self.broadcast_bytes(encode(value) if self.rank == source else None, source), f"rank {source}")
+
+    def all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        return [bytes(part) for part in self._exchange("all_gather_bytes", bytes(payload))]
+
+    def broadcast_bytes(self, payload: bytes | None, source: int = 0) -> bytes:
+        return bytes(self._exchange(f"broadcast_bytes(source={source})", payload if self.rank == source else None)
+                     [source])
 
     def send(self, tensor: torch.Tensor, destination: int, tag: int) -> None:
         """Point-to-point: a copy of `tensor` to world rank `destination`, as a message of kind `tag`."""

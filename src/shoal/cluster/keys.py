@@ -5,7 +5,7 @@ torchrun's attempt count) share one store per job; spelling each name once keeps
 and shows the whole key space at a glance. All are sealed by the job's secret (shoal.cluster.store.
 Sealed) except `PUBLIC`.
 
-The launchers' store: `run_id`, `node/next` (arrival order), `node/K/{claim,host,workers,alive,refused}` (alive:
+The launchers' store: `instance`, `node/next` (arrival order), `node/K/{claim,host,workers,alive,refused}` (alive:
 counted up by the launcher's watch while its workers run; refused: why an arrival cannot join),
 `attempt/N/{port,joined/K,report/K,failed,decision}`, `end` (the job was stopped or failed outside an
 attempt; every node leaves) and `left/K` (a follower is done: the leader may close the store). A job whose
@@ -24,7 +24,8 @@ from __future__ import annotations
 
 PUBLIC = "shoal"
 """The one key outside the secret's names: a shoal job holds this store."""
-RUN_ID = "run_id"
+INSTANCE = "instance"
+"""The job's instance, drawn by the leader: every other value is sealed over it."""
 NEXT_NODE = "node/next"
 END = "end"
 SILENT = "shoal/silent"

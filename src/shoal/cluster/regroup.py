@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from shoal.cluster import keys
-from shoal.cluster.store import Sealed, client, worker_secret
+from shoal.cluster.store import STORE_ERRORS, StoreUnreachable, client, worker_sealed
+from shoal.errors import first_line
 
 ELASTIC_VARIABLE = "SHOAL_ELASTIC"
 """Set by shoal's launcher in the workers' environment when machines may join the job."""
@@ -29,8 +30,13 @@ class Regroup:
         self.store = store
 
     def agreed(self, comm) -> bool:
-        """Whether machines wait to join (rank 0 asks the store): all stop at this epoch's end, or none."""
-        asked = comm.rank == 0 and self.store.check([keys.REGROUP])
+        """Whether machines wait to join (rank 0 asks the store): all stop at this epoch's end, or none. A store
+        that is gone (the first machine's launcher killed) is one line, not torch's network traceback."""
+        try:
+            asked = comm.rank == 0 and self.store.check([keys.REGROUP])
+        except STORE_ERRORS as error:
+            raise StoreUnreachable(f"the job's store on the first machine stopped answering ({first_line(error)}): "
+                                   "its launcher is gone") from None
         flags = comm.all_gather(torch.tensor([1.0 if asked else 0.0], dtype=torch.float64))
         return bool(flags.max() > 0)
 
@@ -46,5 +52,4 @@ def regroup_stop(environ=os.environ) -> Regroup | None:
     if not environ.get(ELASTIC_VARIABLE):
         return None
     store = client(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]))
-    secret = worker_secret(environ)
-    return Regroup(Sealed(store, secret) if secret else store)
+    return Regroup(worker_sealed(store, environ))

@@ -7,9 +7,14 @@ other machines reach (127.0.0.1 for a single machine) by handing torch a socket 
 send every request of their own from a helper thread with a deadline, and wait on keys in short
 polls, so a signal or a lost machine stops them within seconds.
 
-Nor does a TCPStore ask who connects, and it lists its keys to anyone: a job's own keys live under
-names that only its secret computes (`Sealed`: an HMAC of each name), so that a process without the
-secret can neither find nor set the keys the job acts on ("end", a failure flag, a decision).
+Nor does a TCPStore ask who connects: anyone who reaches its port may list, read, set and delete
+every key. A job's own keys live under names only its secret computes, and every value the job acts
+on carries an HMAC of the job's secret over (the job's instance, the key, the value) (`Sealed`): a
+stranger who reads a value learns nothing it can use, and a forged value, one moved to another key or
+replayed from another job is not believed: the job acts as if it were not there (a stranger can
+delete or spoil keys and so stop a job, never steer it). torch's own process-group keys (gloo's
+addresses, device claims) get the same seal (`Authenticated`, a torch Store of its own). Counters
+(`add`) cannot be sealed: the job uses them only for arrival numbers and launchers' beats.
 
 Every client of the job's store is built here (`serve`, `connect`, `client`); every key it holds is
 named in shoal.cluster.keys.
@@ -21,6 +26,7 @@ import hashlib
 import hmac
 import os
 import socket
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -120,6 +126,14 @@ def _call(method, arguments: tuple, outcome: list) -> None:
 
 # the job's secret in the workers' environment (never on a command line): one name, kept with the data
 # reader that also needs it on machines that stream their share
+CONTEXT_VARIABLE = "SHOAL_STORE_CONTEXT"
+"""What the workers' seals are bound to (the job's instance and the attempt): not secret, only fresh."""
+VALUE_LABEL = b"shoal store values v1"
+MAC_BYTES = 64  # hex digits of an HMAC-SHA256
+
+
+class Forged(WorkerError):
+    """A value in the job's store that the job's secret did not make: a stranger's, moved or replayed."""
 
 
 def secret_name(secret: str, key: str) -> str:
@@ -127,46 +141,168 @@ def secret_name(secret: str, key: str) -> str:
     return "shoal-" + hmac.new(secret.encode(), key.encode(), hashlib.sha256).hexdigest()[:40]
 
 
-class Sealed:
-    """The job's keys in a store anyone may reach, under names only the job's secret computes."""
+class Seal:
+    """The MAC every value of the job carries: HMAC-SHA256 under a key derived from the job's secret, over the
+    job's `context` (its instance, and the attempt for the workers' store), the key and the value, each
+    length-prefixed so no two triples read alike. The secret itself stays in this object."""
 
-    def __init__(self, store, secret: str):
-        self.store, self.secret = store, secret
+    def __init__(self, secret: str, context: str = ""):
+        self._secret = secret
+        self._key = hmac.new(secret.encode(), VALUE_LABEL, hashlib.sha256).digest()
+        self.context = context
+        self._warned: set[str] = set()
 
     def name(self, key: str) -> str:
-        return secret_name(self.secret, key)
+        return secret_name(self._secret, key)
+
+    def mac(self, key: str, value: bytes) -> bytes:
+        message = b"".join(len(part).to_bytes(8, "big") + part for part in (self.context.encode(), key.encode(), value))
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest().encode()
+
+    def seal(self, key: str, value) -> bytes:
+        value = value if isinstance(value, bytes) else str(value).encode()
+        return self.mac(key, value) + value
+
+    def open(self, key: str, raw: bytes) -> bytes | None:
+        """The value `raw` carries under `key`, or None (said once per key) when the secret did not make it here."""
+        raw = bytes(raw)
+        value = raw[MAC_BYTES:]
+        if len(raw) >= MAC_BYTES and hmac.compare_digest(raw[:MAC_BYTES], self.mac(key, value)):
+            return value
+        if key not in self._warned:
+            self._warned.add(key)
+            print(f"shoal: warning: the job's store holds a value for {key!r} that the job's secret did not make: "
+                  "ignored (a process without the secret reaches the store)", file=sys.stderr, flush=True)
+        return None
+
+    def opened(self, key: str, raw: bytes) -> bytes:
+        value = self.open(key, raw)
+        if value is None:
+            raise Forged(f"the job's store holds a forged value for {key!r} (a process without the job's secret "
+                         "reaches the store)")
+        return value
+
+
+class Sealed:
+    """The job's keys in a store anyone may reach: named by the job's secret, every value sealed by it. A value
+    that fails its seal reads as absent (`check`), or raises Forged where it was known to be there."""
+
+    def __init__(self, store, secret: str, context: str = ""):
+        self.store, self.seal = store, Seal(secret, context)
+
+    def name(self, key: str) -> str:
+        return self.seal.name(key)
 
     @property
     def port(self) -> int:
         return self.store.port
 
     def set(self, key: str, value) -> None:
-        self.store.set(self.name(key), value)
+        self.store.set(self.name(key), self.seal.seal(key, value))
 
     def get(self, key: str) -> bytes:
-        return self.store.get(self.name(key))
+        return self.seal.opened(key, self.store.get(self.name(key)))
 
     def check(self, keys: list[str]) -> bool:
-        return self.store.check([self.name(key) for key in keys])
+        """Whether every key holds a value the job made."""
+        names = [self.name(key) for key in keys]
+        if not self.store.check(names):
+            return False
+        raws = self.store.multi_get(names)
+        return all(self.seal.open(key, raw) is not None for key, raw in zip(keys, raws))
 
     def compare_set(self, key: str, expected, desired) -> bytes:
-        return self.store.compare_set(self.name(key), expected, desired)
+        """Set `key` to `desired` unless it holds a value the job made (`expected` must be "": the only use);
+        returns the value it holds then. A forged value is replaced."""
+        if expected not in ("", b""):
+            raise ValueError("Sealed.compare_set only sets a key that holds no value of the job's")
+        name = self.name(key)
+        raw = self.store.get(name) if self.store.check([name]) else b""
+        if raw and self.seal.open(key, raw) is not None:
+            return self.seal.opened(key, raw)
+        return self.seal.opened(key, self.store.compare_set(name, raw, self.seal.seal(key, desired)))
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        return self.store.multi_get([self.name(key) for key in keys])
+        raws = self.store.multi_get([self.name(key) for key in keys])
+        return [self.seal.opened(key, raw) for key, raw in zip(keys, raws)]
 
     def add(self, key: str, amount: int) -> int:
         return self.store.add(self.name(key), amount)
 
 
-def group_store(store: dist.Store, secret: str) -> dist.Store:
-    """The process group's own keys (torch names them itself) under a prefix only the secret computes."""
-    return dist.PrefixStore(secret_name(secret, keys.PROCESS_GROUP), store)
+_HELD: list = []
+"""Every Authenticated store made in this process (a few: one per process group)."""
+
+
+class Authenticated(dist.Store):
+    """torch's own keys (gloo's addresses, device claims) under the job's seal: a torch Store that torch's process
+    group uses as any other, whose values the job's secret made, or Forged (the join fails with shoal's message,
+    not a stranger's peer address)."""
+
+    def __init__(self, store: dist.Store, seal: Seal):
+        super().__init__()
+        self.inner, self.seal = store, seal
+        _HELD.append(self)  # torch's C++ stores hold only the C++ half: the Python half must outlive them
+
+    def set(self, key, value) -> None:
+        self.inner.set(key, self.seal.seal(key, value if isinstance(value, (bytes, str)) else bytes(value)))
+
+    def get(self, key) -> bytes:
+        return self.seal.opened(key, self.inner.get(key))
+
+    def multi_get(self, keys) -> list[bytes]:
+        return [self.seal.opened(key, raw) for key, raw in zip(keys, self.inner.multi_get(keys))]
+
+    def multi_set(self, keys, values) -> None:
+        self.inner.multi_set(keys, [self.seal.seal(key, value) for key, value in zip(keys, values)])
+
+    def add(self, key, amount) -> int:
+        return self.inner.add(key, amount)
+
+    def compare_set(self, key, expected, desired) -> bytes:
+        raise NotImplementedError("the job's process group compares no values")
+
+    def wait(self, keys, timeout=None) -> None:
+        self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+
+    def check(self, keys) -> bool:
+        return self.inner.check(keys)
+
+    def delete_key(self, key) -> bool:
+        return self.inner.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self.inner.num_keys()
+
+    def set_timeout(self, timeout) -> None:
+        self.inner.set_timeout(timeout)
+
+    @property
+    def timeout(self):
+        return self.inner.timeout
+
+
+def group_store(store: dist.Store, secret: str, context: str = "") -> dist.Store:
+    """The process group's own keys (torch names them itself) under a prefix only the secret computes, their
+    values sealed."""
+    seal = Seal(secret, context)
+    return Authenticated(dist.PrefixStore(seal.name(keys.PROCESS_GROUP), store), seal)
 
 
 def worker_secret(environ=os.environ) -> str | None:
     """The secret shoal's launcher handed this worker, if it was started by one."""
     return environ.get(SECRET_VARIABLE) or None
+
+
+def worker_context(environ=os.environ) -> str:
+    """What this worker's seals are bound to: its launcher's job instance and attempt."""
+    return environ.get(CONTEXT_VARIABLE, "")
+
+
+def worker_sealed(store, environ=os.environ):
+    """`store` under the job's secret and seals, when shoal's launcher handed this worker one; else as it is."""
+    secret = worker_secret(environ)
+    return Sealed(store, secret, worker_context(environ)) if secret else store
 
 
 def wait_for(store: dist.Store, keys: list[str], deadline: float) -> list[str]:

@@ -9,9 +9,10 @@ and ask `root_cause`, so the same failure is named the same way whoever launched
 
 Order of precedence, first wins:
 
-1. SILENT: a worker found silent by the liveness (shoal.cluster.heartbeat) after a collective timed
-   out. It went quiet before the others gave up waiting, and a worker that raises beats on while it
-   tears down, so silence is the earliest sign of all.
+1. SILENT: a worker found silent by the liveness (shoal.cluster.heartbeat): without a heartbeat for
+   `cluster.stall_timeout`, or when a collective timed out. It went quiet before the others gave up
+   waiting, and a worker that raises says it is leaving and beats on while it tears down, so silence
+   is the earliest sign of all.
 2. RAISED: a worker's own error (one that does not only say a peer went away).
 3. KILLED: a worker or node that ended without a word: killed by a signal its launcher did not send
    (SIGKILL, the out-of-memory killer, a crash), a worker that left no exit, a node whose launcher

@@ -4,6 +4,12 @@ A job names its datasets by the paths the user gave. A machine that sees the pat
 shared folder, a URI of a store) reads it directly. A machine that does not, in a job whose first
 machine serves its datasets (`shoal.data.flight`), is told the server's address in `SERVER_VARIABLE`
 and the job's secret in `SECRET_VARIABLE`, and streams only the rows it reads from there.
+
+The address alone is not trusted: whoever answers there must prove it holds the job's secret. Every
+call is signed with a key taken from the secret (fresh each time: a recorded call is not answered
+again), every answer must carry that key's MAC, and every row must match the digest the server took
+of its block when it started serving; anything else is a one-line `DataError` naming the dataset,
+and no row of it is used (`shoal.data.flight` says how). The secret itself never crosses the network.
 """
 
 from __future__ import annotations

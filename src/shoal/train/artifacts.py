@@ -3,7 +3,9 @@
 `model.pt` holds the weights together with the model spec, the loss, the classes and what the
 training set's rows look like (`shoal.data.compatible.schema`), so a run directory alone is
 enough to rebuild the module, check a dataset against it and turn its outputs into labels. It is
-written durably under a temporary name, and read with `weights_only=True`.
+written durably under a temporary name, and read with `weights_only=True`. It is never written from
+weights that are not finite without saying so: the job stops in one line naming the first such
+parameter, unless `checkpoint.allow_nonfinite` asks to keep them (then it is written with a warning).
 
 A run directory is data: anyone may have written it. A model built by code (`model.factory`)
 is rebuilt only when the user trusts that code (`trust_code`), and predictions never replace a
@@ -13,6 +15,7 @@ file unasked, nor one inside the run directory.
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import torch
@@ -23,16 +26,21 @@ from shoal.durable import disk_full, write_durably
 from shoal.errors import ConfigError, DataError, ShoalError, first_line
 from shoal.model import Trust, build_model, check_trusted
 from shoal.train.objective import Objective
+from shoal.train.state_checks import nonfinite_parameters
 
 MODEL_FILE = "model.pt"
 TRAINING_SET = "training_set"  # model.pt's key for the training set's schema
 
 
 def save_model(run_dir: str | Path, model: torch.nn.Module, spec: dict, objective: Objective,
-               classes: list | None, feature_dtype: str, *, training_set: Dataset | None = None) -> Path:
-    """Write model.pt; with `training_set`, also what a dataset must match to be predicted."""
+               classes: list | None, feature_dtype: str, *, training_set: Dataset | None = None,
+               allow_nonfinite: bool = False) -> Path:
+    """Write model.pt; with `training_set`, also what a dataset must match to be predicted. Parameters that are
+    not finite are a ShoalError, nothing written, unless `allow_nonfinite` (then a warning)."""
     path = Path(run_dir) / MODEL_FILE
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    check_finite(run_dir, [name for name, _ in model.named_parameters(remove_duplicate=False)], state,
+                 allow_nonfinite)
     content = {"spec": spec, "state_dict": state, "loss": objective.loss, "classes": classes,
                "feature_dtype": feature_dtype}
     if training_set is not None:
@@ -45,6 +53,18 @@ def save_model(run_dir: str | Path, model: torch.nn.Module, spec: dict, objectiv
                              f"--resume {run_dir})") from None
         raise
     return path
+
+
+def check_finite(run_dir: str | Path, names: list[str], state: dict, allow_nonfinite: bool) -> None:
+    """Refuse to write weights of which a parameter is not finite (buffers may hold an infinite mask by design);
+    with `allow_nonfinite`, warn."""
+    problem = nonfinite_parameters(names, state)
+    if problem and not allow_nonfinite:
+        raise ShoalError(f"{run_dir}: {MODEL_FILE} not written: the trained {problem}; set "
+                         "checkpoint.allow_nonfinite = true to write it all the same")
+    if problem:
+        warnings.warn(f"{run_dir}: {MODEL_FILE} written with weights that are not finite: the trained {problem} "
+                      "(checkpoint.allow_nonfinite)", stacklevel=3)
 
 
 def load_artifact(run_dir: str | Path) -> dict:

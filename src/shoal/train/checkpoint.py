@@ -7,8 +7,9 @@ temporary name and renamed only when every file is in it, so a writer that dies 
 previous checkpoint valid. Every file and the folder are flushed to disk before the rename and
 the parent folder after it; a folder of the same epoch already there is renamed aside and removed,
 like the checkpoints past `keep`, only once the new one is on disk. Checkpoints are ordered by the
-epoch number in their names, not by the names themselves. All files are read with
-`torch.load(weights_only=True)`.
+epoch number in their names, not by the names themselves. Each folder holds `manifest.json`, the
+sha256 digest of each of its files (`manifest`): a file is read only once its bytes match it, and
+then with `torch.load(weights_only=True)`.
 
 On a cluster the run directory may be one folder shared by every machine or each machine's own:
 each rank writes its file into the folder it sees. A marker file rank 0 leaves at the start
@@ -23,9 +24,13 @@ resume is exact: the newest epoch every rank holds, among the checkpoints of thi
 any of another size (files a returning machine kept from before a change of size never count),
 so the job ends bit for bit as an uninterrupted one. Otherwise, or when no such epoch is held by
 every rank (a new machine), the checkpoint is resharded: only rank 0's files are read, and rank 0
-hands its state to the others (see `reshard`). A checkpoint whose weights do not fit the model
-is passed over like a damaged one, and a resume that finds checkpoints but none it can use is
-refused rather than started again from epoch 0. A resume may change the number of workers
+hands its state to the others (see `reshard`). A rank file that does not match its digest or does
+not load, or that its rank could not apply (`fits`: weights, optimizer state or random-generator
+record that do not fit, or are not finite, see `state_checks`), is not held by that rank: it is
+passed over, with a warning naming the file (relative to the run directory), for the previous
+epoch, exact or resharded alike, and so is a rank's file of a save whose last resume failed before
+its first step (`first_step`). A resume that finds checkpoints but none it can use is refused rather
+than started again from epoch 0. A resume may change the number of workers
 (`check_resumable` refuses every other key of the fingerprint that changes the course of training).
 
 Nothing here writes through a symbolic link: the temporary folder has an unpredictable name and
@@ -43,7 +48,7 @@ import random
 import re
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +62,8 @@ from shoal.data.format import META_FILE, Dataset
 from shoal.durable import disk_full, sync_folder
 from shoal.errors import ConfigError, ShoalError
 from shoal.safe_files import link_refused, make_folder, open_file, remove_tree
+from shoal.train.first_step import Save, failed_saves
+from shoal.train.manifest import Hashing, verify, write_manifest
 
 CHECKPOINTS = "checkpoints"
 COORDINATOR_FILE = "coordinator.pt"
@@ -64,7 +71,8 @@ SAVE_KEY = "save"  # in every file of a checkpoint: the id of the save that wrot
 FOLDER = re.compile(r"epoch-(\d+)")
 ASIDE = re.compile(r"\.epoch-(\d+)\.old")  # a folder of the same epoch, renamed while its successor is written
 Fits = Callable[[dict], str]
-"""What a rank's state says of a loaded rank file: "" when it can take it, else why not (one line)."""
+"""What a rank's state says of a loaded rank file: "" when it can take it, else why not (one line), before
+anything of it is applied (`TrainingState.fits`)."""
 
 
 class CheckpointFull(ShoalError):
@@ -100,12 +108,23 @@ def checkpoint_folders(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted({**aside, **folders}.items(), reverse=True)
 
 
-def _save(value: dict, path: Path) -> None:
-    """Write one file of a checkpoint folder still under its temporary name, flushed to disk; a new file."""
+def _save(value: dict, path: Path) -> str:
+    """Write one file of a checkpoint folder still under its temporary name, flushed to disk; a new file.
+    Returns the digest of what was written (for the folder's manifest)."""
     with os.fdopen(open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as handle:
-        torch.save(value, handle)
+        hashing = Hashing(handle)
+        torch.save(value, hashing)
         handle.flush()
         os.fsync(handle.fileno())
+    return hashing.hexdigest()
+
+
+def shown(path: Path) -> str:
+    """A checkpoint's folder, or a file in it, as a warning names it: relative to the run directory."""
+    path = Path(path)
+    if FOLDER.fullmatch(path.name) or ASIDE.fullmatch(path.name):
+        return f"{CHECKPOINTS}/{path.name}"
+    return f"{CHECKPOINTS}/{path.parent.name}/{path.name}"
 
 
 def random_state(device: torch.device) -> dict:
@@ -156,15 +175,19 @@ class Checkpointer:
         """Write checkpoint `epoch` (epochs completed); returns its final path."""
         temporary, save = self.begin(epoch)
         try:
-            rank_state = {**rank_state, SAVE_KEY: save}
-            self.together(epoch, lambda: _save(rank_state, temporary / rank_file(self.comm.rank)))
+            rank_state, written = {**rank_state, SAVE_KEY: save}, {}
+            mine = temporary / rank_file(self.comm.rank)
+            self.together(epoch, lambda: written.update(digest=_save(rank_state, mine)))
+            digests = self.comm.all_gather_object(written["digest"])  # each keeper's manifest names its group's
             missing = [rank for rank in self.group
                        if not (temporary / rank_file(rank)).is_file()] if self.keeper else []
             problems = [problem for problem in self.comm.all_gather_object(missing) if problem]
             if problems:  # every rank raises together: none waits at the next barrier
                 raise RuntimeError(f"{self.root}: checkpoint files of ranks {problems[0]} never appeared; "
                                    "a folder shared between machines that does not show every file")
-            self.together(epoch, lambda: self.finish(temporary, epoch, {**(coordinator_state or {}), SAVE_KEY: save}))
+            files = {rank_file(rank): digests[rank] for rank in self.group}
+            self.together(epoch, lambda: self.finish(temporary, epoch, {**(coordinator_state or {}), SAVE_KEY: save},
+                                                     files))
         except BaseException:
             if self.keeper:  # a failed write (a full disk) leaves no temporary folder behind
                 remove_tree(temporary)
@@ -204,12 +227,14 @@ class Checkpointer:
         if failed is not None:
             raise RuntimeError(f"{self.root}: rank {failed} could not write checkpoint {epoch}: {failures[failed][1]}")
 
-    def finish(self, temporary: Path, epoch: int, coordinator_state: dict | None) -> None:
-        """Rank 0's coordinator file, then each keeper renames its folder into place and prunes."""
+    def finish(self, temporary: Path, epoch: int, coordinator_state: dict, files: dict[str, str]) -> None:
+        """Rank 0's coordinator file, then each keeper writes its folder's manifest (`files`: its group's rank
+        files and their digests), renames the folder into place and prunes."""
         if self.comm.rank == 0:
-            _save({**(coordinator_state or {}), "epoch": epoch, "world_size": self.comm.world_size},
-                  temporary / COORDINATOR_FILE)
+            coordinator = {**coordinator_state, "epoch": epoch, "world_size": self.comm.world_size}
+            files = {**files, COORDINATOR_FILE: _save(coordinator, temporary / COORDINATOR_FILE)}
         if self.keeper:
+            write_manifest(temporary, files, coordinator_state.get(SAVE_KEY))
             self.publish(temporary, epoch)
             self.prune()
 
@@ -265,13 +290,27 @@ class Found:
         """How many workers wrote it."""
         return self.coordinator.get("world_size")
 
+    def plain(self) -> dict:
+        """As plain data, to send to the other ranks (`from_plain` reads it back)."""
+        return {**dataclasses.asdict(self), "path": str(self.path)}
+
+    @classmethod
+    def from_plain(cls, plain: dict | None) -> Found | None:
+        return None if plain is None else cls(**{**plain, "path": Path(plain["path"])})
+
 
 def _load(path: Path) -> tuple[dict | None, str]:
-    """(the file's content, "") or (None, why it does not load)."""
+    """(the file's content, "") or (None, why it does not load): its bytes are checked against the folder's
+    manifest before torch reads them."""
     try:
+        problem = verify(path)
+        if problem:
+            return None, f"{shown(path)}: {problem}"
         return torch.load(path, map_location="cpu", weights_only=True), ""
-    except Exception as error:  # a truncated or missing file raises several kinds
-        return None, f"{path}: {type(error).__name__}: {error}"
+    except OSError as error:  # a missing or unreadable file: its name, not the whole path again
+        return None, f"{shown(path)}: {type(error).__name__}: {error.strerror or error}"
+    except Exception as error:  # a truncated or damaged file raises several kinds
+        return None, f"{shown(path)}: {type(error).__name__}: {error}"
 
 
 def _found(path: Path) -> tuple[Found | None, str]:
@@ -284,21 +323,39 @@ def _found(path: Path) -> tuple[Found | None, str]:
 
 
 def held_saves(run_dir: Path, rank: int, fits: Fits | None = None) -> dict[int, str | None]:
-    """Epoch -> save id of each checkpoint whose file of `rank` loads in this machine's run directory (and fits
-    the model), newest first. A file that is not there is no warning: checkpoints of fewer workers have none
-    of this rank (a rank short of a file the others hold is named when a checkpoint is chosen)."""
+    """Epoch -> save id of each checkpoint whose file of `rank` matches its digest and loads in this machine's run
+    directory (and that `fits` says the rank can apply), newest first; each other one is a warning naming it.
+    A file that is not there is no warning: checkpoints of fewer workers have none of this rank (a rank short
+    of a file the others hold is named when a checkpoint is chosen)."""
     held = {}
     for epoch, path in checkpoint_folders(run_dir):
         if not (path / rank_file(rank)).exists():
             continue
         state, problem = _load(path / rank_file(rank))
         if state is not None and fits is not None and (unfit := fits(state)):
-            problem = f"{path / rank_file(rank)}: {unfit}"
+            problem = f"{shown(path / rank_file(rank))}: {unfit}"
         if problem:
             warnings.warn(f"skipping damaged checkpoint {problem}", stacklevel=2)
         else:
             held[epoch] = state.get(SAVE_KEY) if isinstance(state, dict) else None
     return held
+
+
+def untried(run_dir: Path, rank: int, held: dict[int, str | None], failed: Collection[Save]) -> dict[int, str | None]:
+    """`held` (a rank's `held_saves`) but the saves whose last resume failed before its first step, each passed
+    over with a warning naming the rank's file; all of them when none would be left (the newest is tried again
+    rather than none)."""
+    kept = {epoch: save for epoch, save in held.items() if (epoch, save) not in failed}
+    passed = [epoch for epoch in held if epoch not in kept]
+    folder = Path(run_dir) / CHECKPOINTS
+    if passed and not kept:
+        warnings.warn(f"every checkpoint of rank {rank} failed before its first step when last resumed; trying "
+                      f"{shown(folder / folder_name(passed[0]) / rank_file(rank))} again", stacklevel=2)
+        return held
+    for epoch in passed:
+        warnings.warn(f"skipping checkpoint {shown(folder / folder_name(epoch) / rank_file(rank))}: the last "
+                      "resume from it failed before its first step", stacklevel=2)
+    return kept
 
 
 def held_epochs(run_dir: Path, rank: int, fits: Fits | None = None) -> list[int]:
@@ -312,7 +369,7 @@ def find_latest(run_dir: Path, world_size: int, epochs: set[int] | None = None) 
     for _, path in checkpoint_folders(run_dir):
         found, problem = _found(path)
         if found is not None and found.world_size != world_size:
-            found, problem = None, f"{path}: written by {found.world_size} workers, this job has {world_size}"
+            found, problem = None, f"{shown(path)}: written by {found.world_size} workers, this job has {world_size}"
         if found is not None and epochs is None:
             problem = next(filter(None, (_load(path / rank_file(rank))[1] for rank in range(world_size))), "")
         if found is not None and not problem and (epochs is None or found.epoch in epochs):
@@ -322,17 +379,21 @@ def find_latest(run_dir: Path, world_size: int, epochs: set[int] | None = None) 
     return None
 
 
-def agree_on_latest(run_dir: Path, comm: Communicator, coordinator: bool, fits: Fits | None = None) -> Found | None:
+def agree_on_latest(run_dir: Path, comm: Communicator, coordinator: bool, fits: Fits | None = None,
+                    failed: Collection[Save] = ()) -> Found | None:
     """The checkpoint to resume from, the same on every rank (collective; `choose` tells which); `fits`
-    passes over the files whose weights the model cannot take.
+    passes over the files this rank cannot apply, `failed` this rank's files of the saves whose last resume
+    failed before its first step (`first_step`).
 
     None when no rank has a checkpoint (a job that failed before its first); checkpoints none of
     which can be used are refused on every rank: starting again from epoch 0 would replace model.pt."""
-    held = comm.all_gather_object((held_saves(run_dir, comm.rank, fits), bool(checkpoint_folders(run_dir))))
+    mine = untried(run_dir, comm.rank, held_saves(run_dir, comm.rank, fits), failed)
+    held = comm.all_gather_object((mine, bool(checkpoint_folders(run_dir))))
     chosen = choose(run_dir, comm.world_size, [saves for saves, _ in held]) if coordinator else None
-    found = comm.broadcast_object(chosen)
+    found = Found.from_plain(comm.broadcast_object(None if chosen is None else chosen.plain()))
     if found is None and any(seen for _, seen in held):
-        raise ConfigError(f"{run_dir}: no checkpoint can be resumed (each is damaged or does not fit the model); "
+        raise ConfigError(f"{run_dir}: no checkpoint can be resumed (each is damaged or does not fit the job, "
+                          "see the warnings); "
                           "resuming would start again from epoch 0 and replace its model.pt: to start over, "
                           "train into a new --run-dir")
     return found
@@ -376,13 +437,13 @@ def _holds(saves: dict[int, str | None], found: Found) -> bool:
 
 
 def newest_epoch(run_dir: Path) -> int:
-    """The epoch of the newest checkpoint with a good coordinator file (0 with none): where a restart
-    begins, as the first machine sees it."""
-    for _, path in checkpoint_folders(run_dir):
-        coordinator, _ = _load(path / COORDINATOR_FILE)
-        if coordinator is not None:
-            return int(coordinator["epoch"])
-    return 0
+    """The epoch of the newest checkpoint with a good coordinator file (0 with none), but those whose last
+    resume failed before its first step by the notes here (`first_step`) while an older one is left: where a
+    restart begins, as the first machine sees it."""
+    failed = failed_saves(Path(run_dir) / CHECKPOINTS)
+    readable = [found for found, _ in (_found(path) for _, path in checkpoint_folders(run_dir)) if found is not None]
+    untried = [found for found in readable if (found.epoch, found.save) not in failed]
+    return (untried or readable)[0].epoch if readable else 0
 
 
 # Job keys a resume may change, and why that leaves the weights as an uninterrupted job with the
@@ -401,6 +462,7 @@ UNCHECKED = {
     "cluster.threads": "the machine's cores: the same sums, rounded as that machine rounds them",
     "cluster.device": "the machine's hardware: the same sums, rounded as that hardware rounds them",
     "cluster.timeout": "how long a collective may wait",
+    "cluster.stall_timeout": "how long a silent worker is waited for",
     "cluster.hosts": "where the workers run; their count is cluster.workers",
     "cluster.nodes": "how many machines may run the workers; their count is cluster.workers",
     "cluster.rejoin_timeout": "how long a lost machine is waited for",
@@ -414,6 +476,7 @@ UNCHECKED = {
     "output.mlflow_experiment": "as output.loggers",
     "checkpoint.every": "when checkpoints are written: writing one draws no random numbers",
     "checkpoint.keep": "how many checkpoints stay on disk",
+    "checkpoint.allow_nonfinite": "whether non-finite weights are written and resumed from: finite ones are the same",
 }
 
 
@@ -508,8 +571,17 @@ def latest_test(found: Found) -> dict:
     return found.coordinator.get("test", {})
 
 
-def load_rank(path: Path, rank: int) -> dict:
-    """The state in the file of `rank` of the checkpoint in `path` (as `save` was given it)."""
-    state = torch.load(Path(path) / rank_file(rank), map_location="cpu", weights_only=True)
+def load_rank(path: Path, rank: int, fits: Fits | None = None) -> dict:
+    """The state in the file of `rank` of the checkpoint in `path` (as `save` was given it), its bytes checked
+    against the folder's manifest and, with `fits`, its content, before anything of it is used. A file that
+    fails (changed since the checkpoint was chosen) is a RuntimeError naming it: a restart passes over it."""
+    file = Path(path) / rank_file(rank)
+    state, problem = _load(file)
+    if state is not None and not isinstance(state, dict):
+        problem = f"{shown(file)}: not a rank's state"
+    elif state is not None and fits is not None and (unfit := fits(state)):
+        problem = f"{shown(file)}: {unfit}"
+    if problem:
+        raise RuntimeError(f"damaged checkpoint {problem}")
     state.pop(SAVE_KEY, None)
     return state

@@ -187,7 +187,8 @@ class Coordinator:
         prepared = self.prepared
         with algorithm.consensus() as consensus:
             path = save_model(self.run_dir, consensus, prepared.spec, prepared.objective, prepared.train_set.classes,
-                              prepared.train_set.feature_dtype.name, training_set=prepared.train_set)
+                              prepared.train_set.feature_dtype.name, training_set=prepared.train_set,
+                              allow_nonfinite=self.job.checkpoint.allow_nonfinite)
             if callbacks:
                 callbacks.train_end(self.closing_metrics(), consensus)
         self.events.write(JobEnd(status="completed", test=self.final, seconds=seconds, epochs=epochs,

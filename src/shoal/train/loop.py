@@ -4,7 +4,9 @@ A step of the user's own (`train.step`) may replace the forward pass and the los
 (`data.transform`) change each batch first; the loop keeps the rest. The loop knows nothing about
 distribution; it times each part of a step so that every epoch reports where its time went: data
 (batch slicing and conversion), communication (whatever the algorithm's collectives took) and
-compute (forward, backward and update).
+compute (forward, backward and update). It also tells (`on_phase`) when it fetches a batch and when
+it trains on it, for the stall inspector (shoal.cluster.inspector), which never takes a rank that
+reads data for stuck.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from shoal.algorithms.base import Algorithm
 from shoal.algorithms.collective import CollectiveAlgorithm
 from shoal.cluster.collectives import Communicator
+from shoal.cluster.inspector import TRAIN
 from shoal.data.balance import nominal_crossed
 from shoal.data.loader import ShardLoader, batch_rows, owned
 from shoal.errors import ShoalError
@@ -30,6 +33,10 @@ from shoal.train.step import Logged, Step
 
 if TYPE_CHECKING:
     from shoal.train.transform import Transform
+
+
+LOADING = "loading"
+"""The phase of a rank that reads data: here, while it fetches the next batch."""
 
 
 class NumericalError(ShoalError):
@@ -70,9 +77,11 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, objective: Objective,
                  algorithm: Algorithm, loader: ShardLoader, comm: Communicator, *, on_step=None,
                  schedule: Schedule | None = None, clip_norm: float | None = None, accumulate: int | None = None,
-                 precision: str = "fp32", step: Step | None = None, transform: Transform | None = None):
+                 precision: str = "fp32", step: Step | None = None, transform: Transform | None = None,
+                 on_phase=None):
         """`step`: the user's own training step in place of forward and loss; `transform`: the user's
-        function applied to every batch before it (both optional)."""
+        function applied to every batch before it (both optional). `on_phase`: told LOADING as a batch is
+        fetched, TRAIN as the step on it begins (the heartbeat's `enter_phase`)."""
         self.model, self.optimizer, self.objective = model, optimizer, objective
         self.step, self.transform = step, transform
         self.private = step is not None or transform is not None  # the user's code sees the batches
@@ -80,6 +89,7 @@ class Trainer:
         self.schedule, self.clip_norm, self.accumulate = schedule, clip_norm, accumulate
         self.algorithm, self.loader, self.comm = algorithm, loader, comm
         self.on_step = on_step  # called with the step's loss (the progress bar)
+        self.on_phase = on_phase or (lambda phase: None)
         self.global_step = 0  # steps taken, across epochs
         self.epoch = 0  # the epoch in progress (or last run), from 0
         self.step_in_epoch = 0  # steps taken in it
@@ -97,7 +107,9 @@ class Trainer:
         batches = self.loader.batches(epoch)
         for step_in_epoch in range(self.loader.steps):
             start = time.perf_counter()
+            self.on_phase(LOADING)
             batch = next(batches)
+            self.on_phase(TRAIN)  # the user's transform and step are training: a deadlock in them is named
             if self.private and not self.loader.shuffle:  # unshuffled rows are views of the share: the user's
                 batch = owned(batch)  # code changing them in place would change every later epoch's
             if self.transform is not None:

@@ -8,7 +8,9 @@ the checkpoint is resharded, by these rules:
 - Only rank 0's files are read (the coordinator file and rank 0's): rank 0 always runs on the
   first machine, which keeps them, while another machine may hold nothing (no shared folder, or a
   machine new to the job). Rank 0 loads its file and broadcasts it, and every rank takes it as its
-  own (`TrainingState.load_resharded`, then the algorithm's `reshard_`).
+  own (`TrainingState.load_resharded`, then the algorithm's `reshard_`). Rank 0's file is checked
+  first as an exact resume's are (its digest, then `TrainingState.fits`): a damaged one is passed
+  over, with a warning naming it, for the epoch before, so no rank applies any of it.
 - Collective algorithms (none, sync, averaging, synchronous EASGD): every rank takes rank 0's
   model, optimizer moments, schedule and algorithm state. Synchronous SGD's replicas are the same
   anyway; averaging's are equal after every epoch's closing round; synchronous EASGD's centre and
@@ -40,7 +42,7 @@ import numpy as np
 import torch
 
 from shoal.cluster.collectives import Communicator
-from shoal.train.checkpoint import Found, load_rank
+from shoal.train.checkpoint import Fits, Found, load_rank
 from shoal.train.state import TrainingState
 
 
@@ -56,12 +58,13 @@ def reseed(seed: int) -> None:
     random.seed(seed)
 
 
-def rank_zero_state(found: Found, comm: Communicator) -> dict:
-    """Rank 0's state in checkpoint `found`, on every rank: rank 0 reads its file and sends it (collective)."""
-    return comm.broadcast_object(load_rank(found.path, 0) if comm.rank == 0 else None)
+def rank_zero_state(found: Found, comm: Communicator, fits: Fits | None = None) -> dict:
+    """Rank 0's state in checkpoint `found`, on every rank: rank 0 reads its file (checked against its digest and,
+    with `fits`, its content, before it goes anywhere) and sends it (collective)."""
+    return comm.broadcast_object(load_rank(found.path, 0, fits) if comm.rank == 0 else None)
 
 
 def resume_resharded(state: TrainingState, found: Found, comm: Communicator, seed: int) -> None:
     """Every rank continues from rank 0's state of checkpoint `found` (collective); `seed`: train.seed."""
-    state.load_resharded(rank_zero_state(found, comm))
+    state.load_resharded(rank_zero_state(found, comm, state.fits))
     reseed(reshard_seed(seed, found.epoch, comm.world_size, comm.rank))

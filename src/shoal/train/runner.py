@@ -1,16 +1,19 @@
 """One rank of a job in named steps: set up, load data, resume, start, run and end each epoch, finish.
 
 Every rank runs a `Runner` (SPMD). Rank 0 also holds the `Coordinator` (events, evaluation,
-the saved model). With `resume`, every rank continues from the newest valid checkpoint, so the
-job ends with the weights an uninterrupted job would have had; one written by another number of
-workers is resharded (`reshard`). Each step is a method, so tests and other entry points can
-drive them one by one; `finish` always runs.
+the saved model). With `resume`, every rank continues from the newest valid checkpoint (each file
+verified before any of it is applied, see `checkpoint`; one whose last resume failed before its
+first step passed over, see `first_step`), so the job ends with the weights an uninterrupted job
+would have had; one written by another number of workers is resharded (`reshard`). Each step is a
+method, so tests and other entry points can drive them one by one; `finish` always runs.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +25,7 @@ from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import DistInfo, choose_device
 from shoal.cluster.environments import named
 from shoal.cluster.heartbeat import Heartbeat, liveness_store, silence
+from shoal.cluster.inspector import TRAIN
 from shoal.cluster.requeue import EpochEndStop, StopRequested
 from shoal.config import GROUP_BY_MACHINE, JobConfig
 from shoal.data.loader import ShardLoader
@@ -29,6 +33,7 @@ from shoal.errors import first_line
 from shoal.events import JobStart, WorkerMemory
 from shoal.train.balancer import Balancer
 from shoal.train.checkpoint import (
+    CHECKPOINTS,
     Checkpointer,
     agree_on_latest,
     check_resumable,
@@ -39,8 +44,9 @@ from shoal.train.checkpoint import (
 )
 from shoal.train.coordinator import HELD_OUT, LOGGED, Coordinator, Shares
 from shoal.train.epoch_loops import Serving, Training
+from shoal.train.first_step import FirstStep
 from shoal.train.held_out import HeldOut
-from shoal.train.loop import EpochStats, Trainer
+from shoal.train.loop import LOADING, EpochStats, Trainer
 from shoal.train.memory import current_rss, peak_rss
 from shoal.train.prepare import allocate_model, check_world_size, make_optimizer, prepare
 from shoal.train.reshard import resume_resharded
@@ -60,12 +66,17 @@ class Runner:
     """This rank's part of the job; `run()` takes every step in order and returns rank 0's test metrics."""
 
     def __init__(self, job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resume: bool = False,
-                 comm: Communicator | None = None, stop: EpochEndStop | None = None, callbacks=()):
+                 comm: Communicator | None = None, stop: EpochEndStop | None = None, callbacks=(),
+                 on_stall: Callable[[dict], None] | None = None):
         """`comm`: the job's communicator (default: over the process group; tests pass a fake). `stop`: a
         request to end at an epoch's end with a checkpoint (SLURM's warning before its time limit).
-        `callbacks`: the user's, with `on_epoch_end(epoch, metrics)`, given to every rank and called on rank 0."""
+        `callbacks`: the user's, with `on_epoch_end(epoch, metrics)`, given to every rank and called on rank 0.
+        `on_stall`: what this worker does, from the heartbeat's thread, once another has gone
+        `cluster.stall_timeout` without a heartbeat, or stuck at one step as long while this one waited for it
+        (given that rank's verdict; shoal.worker leaves); None: nobody is judged before a collective times
+        out. Each step of `run` tells the heartbeat the phase this rank is in (`enter`)."""
         self.job, self.info, self.run_dir, self.threads, self.resuming = job, info, Path(run_dir), threads, resume
-        self.comm, self.stop = comm, stop
+        self.comm, self.stop, self.on_stall = comm, stop, on_stall
         self.callbacks = list(callbacks)
         self.stopped: str | None = None  # why the job ended before its last epoch
         self.epochs_done = job.train.epochs
@@ -75,6 +86,7 @@ class Runner:
         self.algorithm: Algorithm | None = None
         self.held_out: HeldOut | None = None  # this trainer's validation rows (train.validation_split)
         self.first_epoch = 0  # 0, or the epoch of the checkpoint this run resumes from
+        self.note: FirstStep | None = None  # of that checkpoint, until this rank's first step is done
 
     def run(self) -> dict:
         try:
@@ -102,6 +114,10 @@ class Runner:
         job, info = self.job, self.info
         self.device = choose_device(job.cluster.device, info)
         self.comm = self.comm or Communicator(info.rank, info.world_size, device=self.device)
+        # the heartbeat first, as the ranks have just met: from here on one that hangs is named
+        stall = job.cluster.stall_timeout if self.on_stall is not None else None
+        self.heartbeat = Heartbeat(liveness_store(info), info.rank, info.world_size, info.host,
+                                   stall_timeout=stall, on_stall=self.on_stall)
         self.hosts = self.comm.all_gather_object(info.host)
         # a launcher that checked its memory first (shoal's)
         self.prepared = prepare(job, memory_checked=named(info.launcher).checks_memory, run_dir=self.run_dir)
@@ -120,7 +136,6 @@ class Runner:
         self.algorithm.weigh_by_rows = self.balancer.mode != "equal"
         self.plan = self.balancer.plan  # the plan the loader and the algorithm follow now
         self.steps = self.plan.nominal
-        self.heartbeat = Heartbeat(liveness_store(info), info.rank, info.world_size, info.host)
         if info.rank == 0:
             self.coordinator = Coordinator(job, self.run_dir, self.prepared, self.model, self.device)
         if isinstance(self.algorithm, ServerAlgorithm):
@@ -133,8 +148,15 @@ class Runner:
         self.stoppable = self.stopping.rule is not None or bool(self.callbacks)
         seed_everything(job.train.seed + 1 + info.rank)  # dropout differs between ranks
 
+    def enter(self, phase: str) -> None:
+        """This rank enters `phase`, as its beats tell the others: only TRAIN's can be taken for a deadlock
+        (shoal.cluster.inspector); evaluating, checkpointing or loading data never is."""
+        if self.heartbeat is not None:
+            self.heartbeat.enter_phase(phase)
+
     def load_data(self) -> None:
         """Each trainer loads its share once; the coordinator reads the test set."""
+        self.enter(LOADING)
         # Imports that come anyway, made before the memory count so they do not show up as the data's.
         import torch._dynamo  # noqa: F401  (the first optimizer step imports it, unless the worker defers it)
 
@@ -147,7 +169,8 @@ class Runner:
             trainer = Trainer(self.model, self.optimizer, prepared.objective, self.algorithm, self.loader,
                               self.comm, on_step=self.after_step, schedule=self.schedule,
                               clip_norm=self.job.train.clip_norm, precision=self.job.train.precision,
-                              accumulate=accumulate, step=prepared.step, transform=transform)
+                              accumulate=accumulate, step=prepared.step, transform=transform,
+                              on_phase=self.heartbeat.enter_phase if self.heartbeat is not None else None)
             self.epoch_loop = Training(trainer)
             if prepared.held_out is not None:
                 self.held_out = HeldOut(prepared, index, len(self.trainers), self.device)
@@ -182,7 +205,7 @@ class Runner:
         """With `resume`: every rank loads its part of the newest checkpoint that all ranks hold, or, written
         by another number of workers, rank 0's state, which rank 0 sends to every rank (see `reshard`)."""
         self.state = TrainingState(self.model, self.optimizer, self.algorithm, self.epoch_loop, self.device,
-                                   self.schedule, self.balancer)
+                                   self.schedule, self.balancer, allow_nonfinite=self.job.checkpoint.allow_nonfinite)
         coordinator = self.coordinator is not None
         # recorded in the coordinator's file only: the other ranks need not read the dataset's meta.json
         self.fingerprint = fingerprint(self.job, self.prepared.spec, self.prepared.train_set,
@@ -192,13 +215,16 @@ class Runner:
         if coordinator:  # also here for jobs started by torchrun or srun, which skip the launcher's check
             check_resumable(self.run_dir, self.job, self.prepared.spec, self.prepared.train_set,
                             self.info.world_size)
-        found = agree_on_latest(self.run_dir, self.comm, coordinator, self.state.fits)
+        note = FirstStep(self.run_dir / CHECKPOINTS, self.info.rank)
+        found = agree_on_latest(self.run_dir, self.comm, coordinator, self.state.fits, note.failed)
         if found is None:
             return
+        note.begin(found.epoch, found.save)  # before any of it is applied: cleared by the first step
+        self.note = note
         if found.reshard:
             resume_resharded(self.state, found, self.comm, self.job.train.seed)
-        else:
-            self.state.load_state_dict(load_rank(found.path, self.info.rank))
+        else:  # checked again as it is loaded: nothing of a file that changed since is applied
+            self.state.load_state_dict(load_rank(found.path, self.info.rank, self.state.fits))
         self.first_epoch = found.epoch
         reading = self.follow_plan()  # the checkpoint's shares, held before data_loaded tells them
         if self.loader is not None:
@@ -210,6 +236,7 @@ class Runner:
 
     def start(self) -> None:
         """Announce the job and what each rank holds, then start every rank together."""
+        self.enter("starting")
         seconds = self.loader.load_seconds if self.loader else 0.0
         self.load_seconds = self.comm.all_gather(torch.tensor([seconds], dtype=torch.float64))[:, 0].tolist()
         self.holdings = self.comm.all_gather_object(self.loader.describe() if self.loader else {"mode": "serves"})
@@ -232,12 +259,15 @@ class Runner:
 
     def run_epoch(self, epoch: int) -> EpochStats:
         """Train (or serve) one epoch in this rank's role, on the shares the balancer planned."""
+        self.enter(LOADING)
         reading = self.follow_plan()
         if self.coordinator is not None:
             self.coordinator.epoch_begins(epoch, self.loader.steps if self.loader is not None else self.steps)
         if isinstance(self.algorithm, ServerAlgorithm):
             self.epoch_version = self.algorithm.version
+        self.enter(TRAIN)
         stats = self.epoch_loop.run_epoch(epoch)
+        self.enter("ending the epoch")
         stats.data += reading  # the rows a moved share added are read as part of this epoch,
         stats.reading, stats.seconds = reading, stats.seconds + reading  # not of its rate
         return stats
@@ -247,6 +277,8 @@ class Runner:
         on_step (a server's rank 0 takes no steps: its callbacks hear of none)."""
         trainer = self.epoch_loop.trainer
         self.heartbeat.beat(trainer.global_step)
+        if self.note is not None:
+            self.first_step_done()
         if self.coordinator is not None:
             self.coordinator.after_step(trainer.epoch, trainer.global_step, trainer.step_in_epoch, loss)
             self.stopping.callbacks.step(trainer.global_step, loss)
@@ -254,9 +286,17 @@ class Runner:
     def after_update(self, version: int) -> None:
         """After every update a server applies: the heartbeat, and validation when due."""
         self.heartbeat.beat(version)
+        if self.note is not None:
+            self.first_step_done()
         if self.coordinator is not None:
             self.coordinator.offer(version)
             self.coordinator.served(version - self.epoch_version, self.algorithm.updates_per_epoch(), self.steps)
+
+    def first_step_done(self) -> None:
+        """This rank's first step (or update) since it resumed is done: its note of the checkpoint goes."""
+        note, self.note = self.note, None
+        if note is not None:
+            note.done()
 
     def end_epoch(self, epoch: int, stats: EpochStats) -> None:
         """Every rank's statistics to the coordinator (which evaluates and records), then the checkpoint."""
@@ -268,10 +308,12 @@ class Runner:
             self.schedule.after_epoch(sum(s.loss_sum for s in per_rank) / max(sum(s.rows for s in per_rank), 1))
         reason, reports = None, self.epoch_reports()
         if self.coordinator is not None:
+            self.enter("evaluating")
             record = self.coordinator.end_epoch(epoch, self.epoch_loop.global_step, per_rank, self.trainers,
                                                 [self.hosts[rank] for rank in self.trainers], self.algorithm,
                                                 Shares(self.balancer.mode, shares, moved and moved.shares), reports)
             reason = self.stopping.decide(epoch, epoch_metrics(record), self.algorithm.consensus)
+            self.enter("ending the epoch")
         if self.stoppable and epoch + 1 < self.job.train.epochs:
             self.stopped = self.comm.broadcast_object(reason)  # every rank leaves at the same epoch
             if self.stopped:
@@ -300,6 +342,7 @@ class Runner:
         return [gathered[rank] for rank in self.trainers]
 
     def save_checkpoint(self, epochs_done: int) -> None:
+        self.enter("checkpointing")
         began = time.perf_counter()
         coordinator = self.coordinator
         extra = None
@@ -311,7 +354,10 @@ class Runner:
 
     def complete(self) -> dict:
         """Memory figures to the coordinator, which saves the model and ends the job; returns its metrics."""
-        memory = self.comm.all_gather_object(WorkerMemory(before_data=self.memory_before_data, peak=peak_rss()))
+        self.enter("finishing")
+        self.first_step_done()  # a resume with no epoch left to train took none
+        mine = WorkerMemory(before_data=self.memory_before_data, peak=peak_rss())
+        memory = [WorkerMemory(**sent) for sent in self.comm.all_gather_object(asdict(mine))]  # plain data travels
         final = {}
         if self.coordinator is not None:
             self.coordinator.complete(self.algorithm, time.perf_counter() - self.began,
@@ -325,9 +371,11 @@ class Runner:
     def finish(self) -> None:
         """Always, after success or failure: close the share and the event log.
 
-        After a failure the heartbeat beats on until the process ends: a rank that raised and is
-        still tearing down must not look like the one that went quiet.
+        After a failure the heartbeat beats on until the process ends, saying that this rank leaves: a
+        rank that raised and is still tearing down, or has just ended, must not look like one that went quiet.
         """
+        if self.heartbeat is not None:
+            self.heartbeat.leave()
         if self.loader is not None:
             self.loader.close()
         if self.coordinator is not None:
@@ -337,6 +385,6 @@ class Runner:
 
 
 def run_worker(job: JobConfig, info: DistInfo, run_dir: Path, threads: int, resume: bool = False,
-               stop: EpochEndStop | None = None, callbacks=()) -> dict:
-    """Train this rank's part of the job; returns the final test metrics (rank 0) or {}."""
-    return Runner(job, info, run_dir, threads, resume, stop=stop, callbacks=callbacks).run()
+               stop: EpochEndStop | None = None, callbacks=(), on_stall: Callable[[dict], None] | None = None) -> dict:
+    """Train this rank's part of the job; returns the final test metrics (rank 0) or {}. `on_stall`: see Runner."""
+    return Runner(job, info, run_dir, threads, resume, stop=stop, callbacks=callbacks, on_stall=on_stall).run()

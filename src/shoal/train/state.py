@@ -7,7 +7,9 @@ rank's checkpoint file are written and read here and nowhere else; the checkpoin
 layout and its coordinator file belong to `checkpoint`. The optimizer's state is restored under
 the job's current settings, so `--set train.optimizer.lr=...` on resume takes effect, except those a
 learning-rate scheduler sets as it goes, which continue where the schedule was. `fits` tells a
-rank file whose weights the model cannot take (another shape), so resuming passes over it.
+rank file that cannot be applied (weights of another shape or dtype, or not finite, an optimizer state or
+random-generator record that does not fit: see `state_checks`), so resuming passes over it before any of it
+is applied.
 `load_resharded` takes rank 0's state as this rank's, on a resume on another number of workers
 (see `reshard`): what rank 0 holds but the shares sized by speed, which a fresh job plans again,
 and then the algorithm makes it this rank's own.
@@ -23,7 +25,10 @@ from shoal.algorithms import Algorithm
 from shoal.train.balancer import Balancer
 from shoal.train.checkpoint import random_state, restore_random_state
 from shoal.train.schedule import Schedule
+from shoal.train.state_checks import nonfinite_parameters, optimizer_misfit, random_misfit, tensors_misfit
 
+SCHEMA = ("model", "optimizer", "algorithm", "global_step", "random")
+"""The keys every rank file holds (`state_dict`); "schedule" and "balance" only with a schedule or balancer."""
 SCHEDULED = ("lr", "initial_lr", "momentum", "betas", "max_lr", "min_lr", "base_momentum", "max_momentum")
 """Optimizer settings a learning-rate scheduler changes as it goes (OneCycleLR and CyclicLR cycle momentum)."""
 
@@ -39,9 +44,12 @@ class TrainingState:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, algorithm: Algorithm,
                  counter: Counter, device: torch.device, schedule: Schedule | None = None,
-                 balancer: Balancer | None = None):
+                 balancer: Balancer | None = None, allow_nonfinite: bool = False):
+        """`allow_nonfinite`: checkpoint.allow_nonfinite, a rank file with non-finite weights or optimizer state
+        may be applied."""
         self.model, self.optimizer, self.algorithm = model, optimizer, algorithm
         self.counter, self.device, self.schedule, self.balancer = counter, device, schedule, balancer
+        self.allow_nonfinite = allow_nonfinite
 
     def state_dict(self) -> dict:
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -54,8 +62,26 @@ class TrainingState:
         return state
 
     def fits(self, state: dict) -> str:
-        """"" when this model can take the weights of a loaded rank file, else the first tensor that differs."""
-        return model_misfit(self.model.state_dict(), state.get("model") if isinstance(state, dict) else None)
+        """"" when a loaded rank file can be applied to this rank (`load_state_dict`), else the first thing that
+        does not fit: a key of the schema missing, weights that differ from the model's in name, shape or dtype,
+        or an optimizer state, algorithm state or random-generator record that does not fit (`state_checks`);
+        non-finite weights or optimizer state unless `allow_nonfinite`."""
+        if not isinstance(state, dict):
+            return "not a rank's state"
+        missing = next((key for key in SCHEMA if key not in state), None)
+        if missing is not None:
+            return f"its {missing!r} is missing"
+        finite = not self.allow_nonfinite
+        step = state["global_step"]
+        names = [name for name, _ in self.model.named_parameters(remove_duplicate=False)]
+        by_id = {id(parameter): name for name, parameter in self.model.named_parameters()}
+        return (model_misfit(self.model.state_dict(), state["model"])
+                or (nonfinite_parameters(names, state["model"]) if finite else "")
+                or optimizer_misfit(self.optimizer, by_id, state["optimizer"], finite)
+                or tensors_misfit("the algorithm's state", self.algorithm.state_dict(), state["algorithm"], finite)
+                or random_misfit(state["random"], self.device)
+                or ("" if isinstance(step, int) and not isinstance(step, bool) and step >= 0
+                    else f"its global step is {step!r}"))
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -94,6 +120,9 @@ def model_misfit(wanted: dict, stored) -> str:
             shape = list(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
             return (f"its weights do not fit the model ({name!r}: {shape} in the file, "
                     f"{list(tensor.shape)} in the model)")
+        if saved.dtype != tensor.dtype:
+            return (f"its weights do not fit the model ({name!r}: {saved.dtype} in the file, "
+                    f"{tensor.dtype} in the model)")
     return ""
 
 

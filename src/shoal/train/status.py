@@ -2,9 +2,12 @@
 
 The coordinator may be on another machine or long gone, so nothing here talks to a process:
 the summary is a fold over `events.jsonl`, and it works the same for a live, a finished and a
-crashed run. A run that ended without anyone writing `job_end` (its launcher killed with the
-workers) is told apart by silence: a live job records something every few seconds, and no rank
-of it waits longer than its own `cluster.timeout` before the job fails and says so.
+crashed run. A run that ended without anyone writing `job_end` (its launcher killed, or a full
+disk) is told apart by its lock: the launcher holds RUN_DIR/.lock for the whole job, and the
+kernel lets go of it however the launcher ends (`shoal.train.lock.held`, which only looks).
+Where no lock says (a run written before it, a filesystem without locks), by silence: a live job
+records something every few seconds, and no rank of it waits longer than its own
+`cluster.timeout` before the job fails and says so.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from shoal.events import (
     read_history,
 )
 from shoal.train.directory import JOB_FILE
+from shoal.train.lock import held
 
 STALL_SECONDS = 120
 """A run without `job_end` whose last record is older than this shows as `stalled?` (a live job
@@ -44,6 +48,8 @@ STOP_GRACE_SECONDS = 60
 START_SECONDS = 60
 """How long `--watch` waits for the events of a job whose job.toml is written."""
 STOPPED = "stopped without an end record (the launcher was killed?)"
+LAUNCHER_GONE = "stopped without an end record (its launcher is gone)"
+"""What a run says whose lock nobody holds: no process of the job is left to write its end."""
 
 MEMBERSHIP_LINES = 4
 """The most changes of machines shown one per line; beyond, the latest few and a count of the others."""
@@ -285,9 +291,11 @@ def stopped_message(quiet_seconds: float, timeout: float) -> str:
             f"({duration(timeout)}) allows")
 
 
-def not_started(run_dir: Path, now: float) -> str:
-    """What a run directory with its job.toml but no events yet says."""
+def not_started(run_dir: Path, now: float, gone: bool = False) -> str:
+    """What a run directory with its job.toml but no events yet says (`gone`: its lock is free)."""
     waited = max(now - (run_dir / JOB_FILE).stat().st_mtime, 0.0)
+    if gone:
+        return f"{run_dir}: no {EVENTS_FILE}, and its launcher is gone: the job never started"
     return (f"{run_dir}: no {EVENTS_FILE} {duration(waited)} after {JOB_FILE} was written: the job has not "
             "started (still loading its data, or its launcher was killed)")
 
@@ -343,8 +351,9 @@ def summarize(run_dir: str | Path, now: float | None = None) -> Status:
     """Fold the run's events into its status (a folder without events is a user error)."""
     run_dir = Path(run_dir)
     now = time.time() if now is None else now
+    gone = held(run_dir) is False  # looked at before the events: a job that ends meanwhile has written its end
     if (run_dir / JOB_FILE).is_file() and not (run_dir / EVENTS_FILE).is_file():
-        raise ShoalError(not_started(run_dir, now))
+        raise ShoalError(not_started(run_dir, now, gone))
     history = read_history(run_dir)
     timeline = Timeline()
     for event in history.events:
@@ -356,7 +365,9 @@ def summarize(run_dir: str | Path, now: float | None = None) -> Status:
     timeout = job_timeout(run_dir, start)
     state = run_state(end, now - last_time, timeout + STOP_GRACE_SECONDS)
     message = end.message if end is not None else None
-    if state == "stopped":
+    if end is None and gone:
+        state, message = "stopped", LAUNCHER_GONE
+    elif state == "stopped":
         message = stopped_message(now - last_time, timeout)
     epochs = start.configured_epochs() or (end.epochs if end is not None else None)
     epoch, step, steps_per_epoch, fraction = timeline.position()
@@ -540,7 +551,8 @@ def watch(run_dir: str | Path, interval: float = 2.0, stream=None, sleep=time.sl
     """Redraw the status every `interval` seconds until the job ends or Ctrl-C; the last summary.
 
     Raises RunStopped when the run stopped without an end record (drawn first), or when it has no
-    events `start_seconds` after its job.toml was written: neither would ever end the watch.
+    events `start_seconds` after its job.toml was written or its launcher is gone: neither would ever
+    end the watch.
     """
     if not interval > 0:
         raise ShoalError(f"--watch: must be a number of seconds > 0, got {interval}")
@@ -571,9 +583,12 @@ def watch(run_dir: str | Path, interval: float = 2.0, stream=None, sleep=time.sl
 
 def wait_for_events(run_dir: Path, interval: float, sleep, clock, start_seconds: float) -> None:
     """A job just started has its job.toml but no events until its workers are up: wait for them,
-    up to `start_seconds` after job.toml was written."""
-    while (run_dir / JOB_FILE).is_file() and not (run_dir / EVENTS_FILE).is_file():
+    up to `start_seconds` after job.toml was written, while its launcher holds the run directory."""
+    while (run_dir / JOB_FILE).is_file():
+        gone = held(run_dir) is False  # looked at first, as in summarize
+        if (run_dir / EVENTS_FILE).is_file():
+            return
         now = clock()
-        if now - (run_dir / JOB_FILE).stat().st_mtime > start_seconds:
-            raise RunStopped(not_started(run_dir, now))
+        if now - (run_dir / JOB_FILE).stat().st_mtime > start_seconds or gone:
+            raise RunStopped(not_started(run_dir, now, gone))
         sleep(interval)

@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch.distributed as dist
 
 from shoal.cluster import keys
 from shoal.cluster.node.membership import ElasticMeeting, LeftJob
@@ -182,3 +183,17 @@ def test_a_full_job_does_not_stop_for_machines_beyond_max(pool, opened):
     pool.submit(spare.begin, spare.first_attempt())
     time.sleep(0.5)
     assert not leader.arrivals(1)
+
+
+def test_a_joined_key_the_job_s_secret_did_not_seal_counts_no_member(pool, opened):
+    """A stranger that found where node 1 would say it joined (more than it can: the name needs the secret) and
+    wrote there is not taken for a machine: the leader goes on alone."""
+    port = free_port()
+    leader = meet(port, 1, 2, opened, rejoin=0.3)
+    stranger = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
+    stranger.add(leader.store.name(keys.NEXT_NODE), 1)  # an arrival number: counters carry no seal
+    stranger.set(leader.store.name(keys.joined(0, 1)), "1")
+    stranger.set(leader.store.name(keys.node(1, "host")), "stranger")
+    stranger.set(leader.store.name(keys.node(1, "workers")), "1")
+    leader.begin(0)
+    assert leader.members == [0] and leader.hosts == [socket.gethostname()]

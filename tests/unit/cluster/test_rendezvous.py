@@ -34,8 +34,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+SECRET = "0123456789abcdef0123456789abcdef"
+
+
 def two_nodes(port: int, rank: int | None = None, run_id: str | None = None) -> Nodes:
-    return Nodes(count=2, rank=rank, endpoint=f"127.0.0.1:{port}", run_id=run_id)
+    return Nodes(count=2, rank=rank, endpoint=f"127.0.0.1:{port}", run_id=run_id, secret=None if run_id else SECRET)
 
 
 @pytest.fixture
@@ -109,7 +112,7 @@ def test_a_follower_of_another_job_is_a_config_error(meet):
     port = free_port()
     leader = meet(two_nodes(port, 0, run_id="ours"), timeout=3)
     # the id is the job's secret: a follower with another one does not even see the job's keys
-    with pytest.raises(ConfigError, match=rf"--rdzv-id: 127\.0\.0\.1:{port} holds a shoal job with another --rdzv-id"):
+    with pytest.raises(ConfigError, match=rf"--rdzv-endpoint: 127\.0\.0\.1:{port} holds a shoal job with another "):
         Meeting(two_nodes(port, 1, run_id="theirs"), TIMEOUT)
     with pytest.raises(WorkerError, match="1 of 2 machines joined"):  # its follower never came
         leader.result(WAIT)
@@ -117,7 +120,7 @@ def test_a_follower_of_another_job_is_a_config_error(meet):
 
 def test_node_0_for_an_endpoint_of_another_machine_is_a_config_error():
     # 10.255.255.1 is only resolved and compared with this machine's addresses, never contacted
-    nodes = Nodes(count=2, rank=0, endpoint="10.255.255.1:29400")
+    nodes = Nodes(count=2, rank=0, endpoint="10.255.255.1:29400", secret=SECRET)
     with pytest.raises(ConfigError, match=r"--rdzv-endpoint: 10\.255\.255\.1 is not an address of this machine"):
         Meeting(nodes, timeout=2)
 
@@ -216,7 +219,7 @@ def test_the_leader_does_not_wait_for_a_follower_that_never_came_back(pair):
 
 def test_an_endpoint_named_localhost_keeps_both_stores_on_loopback(meet, pool):
     port = free_port()
-    leader, follower = (meet(Nodes(count=2, rank=rank, endpoint=f"localhost:{port}")) for rank in (0, 1))
+    leader, follower = (meet(Nodes(count=2, rank=rank, endpoint=f"localhost:{port}", secret=SECRET)) for rank in (0, 1))
     leader, follower = leader.result(WAIT), follower.result(WAIT)
     started = [pool.submit(leader.begin, 0), pool.submit(follower.begin, 0)]
     worker_port = started[0].result(WAIT)[1]
@@ -253,17 +256,17 @@ def test_a_stranger_on_the_port_cannot_end_the_job(meet):
 def test_nodes_holding_different_secrets_do_not_meet(meet):
     port = free_port()
     meet(Nodes(count=2, rank=0, endpoint=f"127.0.0.1:{port}", secret="a" * 32), timeout=3)
-    with pytest.raises(ConfigError, match=r"--rdzv-id: .* holds a shoal job with another --rdzv-id"):
+    with pytest.raises(ConfigError, match=r"--rdzv-endpoint: .* holds a shoal job with another secret"):
         Meeting(Nodes(count=2, rank=1, endpoint=f"127.0.0.1:{port}", secret="b" * 32), TIMEOUT)
 
 
 def test_every_node_reads_every_nodes_worker_count_once_all_have_joined(pool):
     port = free_port()
     counts = {0: 2, 1: 1, 2: 3}
-    early = [pool.submit(Meeting, Nodes(count=3, rank=rank, endpoint=f"127.0.0.1:{port}"), TIMEOUT, counts[rank])
-             for rank in (0, 2)]
+    early = [pool.submit(Meeting, Nodes(count=3, rank=rank, endpoint=f"127.0.0.1:{port}", secret=SECRET), TIMEOUT,
+                         counts[rank]) for rank in (0, 2)]
     time.sleep(0.5)  # node 1 joins after the others wait: its count is read all the same
-    late = pool.submit(Meeting, Nodes(count=3, rank=1, endpoint=f"127.0.0.1:{port}"), TIMEOUT, counts[1])
+    late = pool.submit(Meeting, Nodes(count=3, rank=1, endpoint=f"127.0.0.1:{port}", secret=SECRET), TIMEOUT, counts[1])
     meetings = [future.result(WAIT) for future in (early[0], late, early[1])]
     try:
         for meeting in meetings:

@@ -1,5 +1,6 @@
 """Datasets served over Arrow Flight: a remote share is exactly the local one, costs only its own bytes,
-and only the job's processes may read it; refusals and failures are one line naming the path and the server."""
+and only the job's processes may read it; refusals and failures are one line naming the path and the server
+(what a stranger, a replayed call or an altered row meets: tests/unit/data/test_flight_trust.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import pytest
 import torch
 
 from shoal.data import retry
-from shoal.data.flight import TOKEN_HEADER, DataServer, RemoteDataset, job_token, open_remote
+from shoal.data.flight import DataServer, RemoteDataset, open_remote
 from shoal.data.format import Dataset, DatasetWriter, open_dataset
 from shoal.data.loader import ShardLoader, plan_memory
+from shoal.data.signing import signed_request, stream_key
 from shoal.errors import DataError, StoreError
 
 SECRET = "the job's secret"
@@ -53,8 +55,9 @@ def remote(server: DataServer, name: str, secret: str = SECRET) -> RemoteDataset
     return open_remote(f"127.0.0.1:{server.port}", name, secret)
 
 
-def token_options() -> flight.FlightCallOptions:
-    return flight.FlightCallOptions(headers=[(TOKEN_HEADER.encode(), job_token(SECRET).encode())])
+def signed(method: str, secret: str = SECRET, **fields) -> bytes:
+    """A call as the job's processes sign it."""
+    return signed_request(stream_key(secret), method, fields)[0]
 
 
 @pytest.mark.parametrize("start,stop", RANGES)
@@ -98,10 +101,10 @@ def test_a_share_costs_its_own_bytes_not_the_whole_sets(served):
     served_set.opened.clear()
     dataset.read_rows(100, 200)
     assert served_set.opened == [("part-00000.parquet", group) for group in (2, 3, 4)]  # 40 rows a group
-    share = 100 * ROW_BYTES
-    labels = 100 * (4 + 3) + 4  # the label strings: an offset and three letters a row
-    assert share <= dataset.bytes_received <= share + labels + 256
-    assert dataset.bytes_received < ROWS * ROW_BYTES / 5
+    sent = 120  # whole blocks are sent, so that each is checked against its digest: here a block is a row group
+    labels = sent * (4 + 3) + 4  # the label strings: an offset and three letters a row
+    assert sent * ROW_BYTES <= dataset.bytes_received <= sent * ROW_BYTES + labels + 256
+    assert dataset.bytes_received < ROWS * ROW_BYTES / 4  # the blocks that hold the share, not the set
     assert server.bytes_by_path[os_path(names["train"])] - sent_before == dataset.bytes_received
     assert server.bytes_sent == sum(server.bytes_by_path.values())
     dataset.close()
@@ -111,21 +114,23 @@ def os_path(name: str) -> str:
     return str(Path(name))
 
 
-def test_a_wrong_secret_and_a_missing_token_are_refused(served):
+def test_a_wrong_secret_and_an_unsigned_call_are_refused(served):
     server, names, _, _ = served
     address = f"127.0.0.1:{server.port}"
     with pytest.raises(DataError) as caught:
         remote(server, names["train"], secret="another job's secret")
-    assert str(caught.value).startswith(f"{names['train']}: the data server at {address} refused this job's token")
+    assert str(caught.value) == (f"{names['train']}: the data server at {address} refused the call: the call is not "
+                                 "signed with this job's secret (another job's server, or a process without the job's "
+                                 "secret?)")
     client = flight.connect(f"grpc+tcp://{address}")
     with pytest.raises(flight.FlightUnauthenticatedError):
         list(client.do_action(flight.Action("meta", names["train"].encode())))
-    ticket = flight.Ticket(json.dumps({"path": names["train"], "start": 0, "stop": 10}).encode())
+    ticket = flight.Ticket(json.dumps({"path": names["train"], "start": 0, "stop": 40}).encode())
     with pytest.raises(flight.FlightUnauthenticatedError):
         client.do_get(ticket).read_all()
-    wrong = flight.FlightCallOptions(headers=[(TOKEN_HEADER.encode(), job_token("guess").encode())])
-    with pytest.raises(flight.FlightUnauthenticatedError):
-        client.do_get(ticket, wrong).read_all()
+    guessed = signed("rows", "guess", path=names["train"], start=0, stop=40, max_rows=None)
+    with pytest.raises(flight.FlightUnauthenticatedError, match="not signed with this job's secret"):
+        client.do_get(flight.Ticket(guessed)).read_all()
     client.close()
 
 
@@ -140,22 +145,25 @@ def test_a_path_not_served_is_refused_naming_it_and_the_server(served):
 
 def test_writes_and_everything_but_reads_are_refused(served):
     server, names, _, _ = served
-    client, options = flight.connect(f"grpc+tcp://127.0.0.1:{server.port}"), token_options()
+    client = flight.connect(f"grpc+tcp://127.0.0.1:{server.port}")
     descriptor = flight.FlightDescriptor.for_path(names["train"])
     with pytest.raises(flight.FlightUnauthorizedError, match="read-only"):
-        writer, _ = client.do_put(descriptor, pa.schema([("label", pa.int64())]), options)
+        writer, _ = client.do_put(descriptor, pa.schema([("label", pa.int64())]))
         writer.write_table(pa.table({"label": [1]}))
         writer.close()
+    with pytest.raises(flight.FlightUnauthorizedError, match="not offered"):
+        list(client.do_action(flight.Action("drop", signed("drop", path=names["train"]))))
     with pytest.raises(flight.FlightUnauthorizedError):
-        list(client.do_action(flight.Action("drop", names["train"].encode()), options))
+        list(client.list_flights())
     with pytest.raises(flight.FlightUnauthorizedError):
-        list(client.list_flights(options=options))
-    for ticket in ({"path": names["train"], "start": 590, "stop": 601}, {"path": names["train"], "start": -1,
-                   "stop": 3}, {"path": names["train"], "start": 5, "stop": 4}, {"path": names["train"]}):
-        with pytest.raises(flight.FlightServerError):
-            client.do_get(flight.Ticket(json.dumps(ticket).encode()), options).read_all()
-    with pytest.raises(flight.FlightServerError):
-        client.do_get(flight.Ticket(b"not json"), options).read_all()
+        client.list_actions()
+    for rows in ({"start": 560, "stop": 601}, {"start": -1, "stop": 40}, {"start": 40, "stop": 0}, {},
+                 {"start": 35, "stop": 45}):
+        ticket = flight.Ticket(signed("rows", path=names["train"], max_rows=None, **rows))
+        with pytest.raises(flight.FlightServerError, match="rows"):
+            client.do_get(ticket).read_all()
+    with pytest.raises(flight.FlightUnauthenticatedError):
+        client.do_get(flight.Ticket(b"not json")).read_all()
     client.close()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import re
@@ -32,6 +33,7 @@ from shoal.train.checkpoint import (
     random_state,
     restore_random_state,
 )
+from shoal.train.manifest import MANIFEST, file_digest
 from shoal.train.state import model_misfit
 
 CPU = torch.device("cpu")
@@ -101,7 +103,7 @@ def test_save_then_find_latest_returns_the_newest_and_load_rank_what_was_saved(t
     found = latest_quietly(tmp_path)
     assert (found.path, found.epoch) == (tmp_path / CHECKPOINTS / "epoch-00003", 3)
     assert found.coordinator == {"test": {"loss": 1.0 / 3}, "epoch": 3, "world_size": 1}
-    assert sorted(p.name for p in found.path.iterdir()) == [COORDINATOR_FILE, "rank-00000.pt"]
+    assert sorted(p.name for p in found.path.iterdir()) == [COORDINATOR_FILE, MANIFEST, "rank-00000.pt"]
     assert_same(load_rank(found.path, 0), rank_state(0, 3))
 
 
@@ -163,7 +165,7 @@ def test_a_leftover_temporary_folder_is_ignored_then_replaced(tmp_path):
     assert latest_quietly(tmp_path).epoch == 1
     path = save_alone(tmp_path, 2)
     assert not leftover.exists()
-    assert sorted(p.name for p in path.iterdir()) == [COORDINATOR_FILE, "rank-00000.pt"]
+    assert sorted(p.name for p in path.iterdir()) == [COORDINATOR_FILE, MANIFEST, "rank-00000.pt"]
     assert_same(load_rank(path, 0), rank_state(0, 2))
     assert epochs_on_disk(tmp_path) == ["epoch-00001", "epoch-00002"]
 
@@ -174,7 +176,7 @@ def test_saving_the_same_epoch_again_replaces_its_folder(tmp_path):
     checkpointer = Checkpointer(tmp_path, Communicator(0, 1), keep=10)
     again = checkpointer.save(2, rank_state(0, 7), {"attempt": 2})  # redone after a restart, other numbers
     assert again == first
-    assert sorted(p.name for p in again.iterdir()) == [COORDINATOR_FILE, "rank-00000.pt"]
+    assert sorted(p.name for p in again.iterdir()) == [COORDINATOR_FILE, MANIFEST, "rank-00000.pt"]
     assert_same(load_rank(again, 0), rank_state(0, 7))
     assert latest_quietly(tmp_path).coordinator["attempt"] == 2
 
@@ -344,7 +346,7 @@ def test_machines_without_a_shared_folder_each_keep_their_own_ranks_files(tmp_pa
 
     assert run_ranks(2, body) == [True, True]  # each machine renames its own folder's checkpoint
     own = [sorted(p.name for p in (folder / CHECKPOINTS / "epoch-00002").iterdir()) for folder in folders]
-    assert own == [[COORDINATOR_FILE, "rank-00000.pt"], ["rank-00001.pt"]]
+    assert own == [[COORDINATOR_FILE, MANIFEST, "rank-00000.pt"], [MANIFEST, "rank-00001.pt"]]
     assert not list(folders[1].glob(".shoal-folder-*")) and not list(folders[0].glob(".shoal-folder-*"))
 
 
@@ -434,12 +436,20 @@ def fits_linear(state: dict) -> str:
     return model_misfit(torch.nn.Linear(4, 3).state_dict(), state.get("model"))
 
 
+def rewrite(folder, name: str, state: dict) -> None:
+    """Replace a checkpoint's file and its digest in the manifest: a file written so, not damaged on disk."""
+    torch.save(state, folder / name)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["files"][name] = file_digest(folder / name)
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
 def test_a_checkpoint_whose_weights_do_not_fit_the_model_is_passed_over_for_the_previous_one(tmp_path):
     save_alone(tmp_path, 1)
     newest = save_alone(tmp_path, 2)
     state = load_rank(newest, 0)
     state["model"] = torch.nn.Linear(5, 3).state_dict()  # rewritten with other shapes
-    torch.save(state, newest / "rank-00000.pt")
+    rewrite(newest, "rank-00000.pt", state)
     expected = (r"skipping damaged checkpoint .*epoch-00002/rank-00000\.pt: its weights do not fit the model "
                 r"\('weight': \[3, 5\] in the file, \[3, 4\] in the model\)")
     with pytest.warns(UserWarning, match=expected):

@@ -1,6 +1,6 @@
 """The run directory: held by one job at a time, a resolved job file written whole and never over the user's own,
-and a --run-dir that cannot be a folder refused in one line. (Held against another process:
-tests/processes/train/test_directory.py.)"""
+and a --run-dir that cannot be a folder refused in one line; whether a job holds it, only looked at. (Held
+against another process: tests/processes/train/test_directory.py.)"""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from shoal.errors import ConfigError
 from shoal.events import Checkpoint, append_event
 from shoal.jobs import from_dict, load_job
 from shoal.train.directory import JOB_FILE, MARKER, new_run_dir, write_job_file
-from shoal.train.lock import hold_run_dir
+from shoal.train.lock import LOCK_FILE, held, hold_run_dir
 
 USERS_JOB = textwrap.dedent("""\
     # my experiment: keep these notes
@@ -137,3 +137,42 @@ def test_a_plain_job_name_with_dots_names_its_folder_under_runs(tmp_path, monkey
     job = from_dict({"model": {"input": [4], "layers": [{"dense": 2}]}, "data": {"train": "/nowhere/train"}},
                     name="v1..2")
     assert new_run_dir(job, None).parent == Path("runs")
+
+
+# ---------------------------------------------------------------- held: whether a job is still there
+
+
+def test_held_says_whether_a_job_holds_the_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    assert held(run_dir) is None  # no folder
+    run_dir.mkdir()
+    assert held(run_dir) is None and not (run_dir / LOCK_FILE).exists()  # no lock file, and none is made
+    with hold_run_dir(run_dir):
+        assert held(run_dir) is True
+        before = (run_dir / LOCK_FILE).read_text()
+        assert held(run_dir) is True and (run_dir / LOCK_FILE).read_text() == before  # looking changes nothing
+    assert held(run_dir) is False  # its holder is gone
+    enter(run_dir)  # and looking never kept it
+
+
+def test_held_does_not_follow_a_link_or_wait_on_a_fifo(tmp_path):
+    run_dir, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run_dir.mkdir()
+    with hold_run_dir(elsewhere):
+        (run_dir / LOCK_FILE).symlink_to(elsewhere / LOCK_FILE)
+        assert held(run_dir) is None  # another folder's lock says nothing of this one
+    (run_dir / LOCK_FILE).unlink()
+    os.mkfifo(run_dir / LOCK_FILE)
+    assert held(run_dir) is None
+
+
+def test_a_free_lock_of_a_worker_torchrun_may_restart_says_nothing(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # rank 0 of an attempt with a restart left holds it
+    with hold_run_dir(run_dir):
+        assert held(run_dir) is True
+    assert held(run_dir) is None  # between attempts: the silence rule says whether the job is gone
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")  # the last attempt's
+    enter(run_dir)
+    assert held(run_dir) is False

@@ -85,6 +85,36 @@ def test_a_failing_rank_beats_on_until_its_process_ends(tmp_path):
     runner.heartbeat.close()
 
 
+def test_a_failing_rank_says_it_leaves_so_its_end_is_not_taken_for_a_hang(tmp_path):
+    runner, _ = world_of_one(tmp_path)
+
+    def broken(epoch):
+        raise ValueError("its own error")
+
+    runner.run_epoch = broken
+    with pytest.raises(ValueError):
+        runner.run()
+    assert runner.heartbeat.leaving and runner.heartbeat.beating
+    runner.heartbeat.close()
+
+
+def test_the_heartbeat_keeps_watch_with_the_jobs_stall_timeout_when_told_what_to_do(tmp_path):
+    """shoal.worker hands `on_stall` (it leaves); a runner driven in-process without one judges nobody."""
+    def heartbeat(**given):
+        runner = Runner(job(tmp_path), DistInfo(), tmp_path, threads=1, comm=Communicator(0, 1), **given)
+        runner.job.cluster.stall_timeout = 12.0
+        runner.setup()
+        runner.heartbeat.close()
+        return runner.heartbeat
+
+    def on_stall(quiet):
+        pass
+
+    watching = heartbeat(on_stall=on_stall)
+    assert (watching.stall_timeout, watching.on_stall) == (12.0, on_stall)
+    assert heartbeat().stall_timeout is None
+
+
 def test_a_resumed_job_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     whole.mkdir()

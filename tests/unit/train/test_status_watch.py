@@ -1,6 +1,6 @@
 """`shoal status --watch` never waits forever: a run that never wrote events, and a run whose
-launcher was killed (no job_end, silent for longer than its cluster.timeout), end the watch with
-a one-line message and exit status 1.
+launcher was killed (no job_end, and its run directory's lock free, or where no lock says silent
+for longer than its cluster.timeout), end the watch with a one-line message and exit status 1.
 
 Run folders are written here with shoal's own event writer; time is a clock passed to `watch`
 (its records carry the real time: the clock starts at the time of a file or a record).
@@ -19,7 +19,18 @@ from shoal.cli import main
 from shoal.errors import ShoalError
 from shoal.events import DataLoaded, EventLog, JobEnd, JobStart, Progress, read_history
 from shoal.train import status
-from shoal.train.status import STALL_SECONDS, STOP_GRACE_SECONDS, STOPPED, RunStopped, render, summarize, watch
+from shoal.train.lock import hold_run_dir
+from shoal.train.status import (
+    LAUNCHER_GONE,
+    STALL_SECONDS,
+    STOP_GRACE_SECONDS,
+    STOPPED,
+    RunStopped,
+    render,
+    summarize,
+    watch,
+)
+from tests.unit.train.test_directory import enter
 
 TIMEOUT = 300.0
 
@@ -169,6 +180,42 @@ def test_cli_watch_of_a_killed_launcher_exits_1(tmp_path, capsys, monkeypatch):
     assert "stopped" in captured.out
     assert captured.err.startswith(f"shoal: error: {run}: {STOPPED}: nothing recorded for ")
     assert captured.err.count("\n") == 1
+
+
+# ---------------------------------------------------------------- a launcher gone: its lock is free
+
+
+def test_a_run_whose_lock_is_free_stopped_at_once_and_one_held_runs(tmp_path):
+    run = tmp_path / "run"
+    last = started(run)
+    with hold_run_dir(run):  # as its launcher holds it for the whole job
+        assert summarize(run, now=last + 1).state == "running"
+    summary = summarize(run, now=last + 1)  # however the launcher ended (SIGKILL, a full disk): no one holds it
+    assert summary.state == "stopped" and summary.message == LAUNCHER_GONE and summary.eta_seconds is None
+    assert render(summary).splitlines()[:2] == [f"{run}  stopped  (last record 1s ago)", f"  {LAUNCHER_GONE}"]
+    log = EventLog(run)
+    log.write(JobEnd(status="completed", epochs=3, steps=30))  # an end record says how it ended
+    log.close()
+    assert summarize(run).state == "completed"
+
+
+def test_watch_of_a_run_whose_launcher_is_gone_ends_at_once(tmp_path):
+    run = tmp_path / "run"
+    clock = Clock(started(run))
+    enter(run)  # a launcher held it, and is gone
+    with pytest.raises(RunStopped) as raised:
+        watch(run, 100.0, stream=io.StringIO(), sleep=clock.sleep, clock=clock)
+    assert str(raised.value) == f"{run}: {LAUNCHER_GONE}" and clock.naps == []
+
+
+def test_watch_of_a_job_file_whose_launcher_is_gone_ends_at_once(tmp_path):
+    run = tmp_path / "run"
+    clock = Clock(job_file(run).stat().st_mtime)
+    enter(run)
+    with pytest.raises(RunStopped) as raised:
+        watch(run, 20.0, stream=io.StringIO(), sleep=clock.sleep, clock=clock, start_seconds=60.0)
+    assert str(raised.value) == f"{run}: no events.jsonl, and its launcher is gone: the job never started"
+    assert clock.naps == []
 
 
 # ---------------------------------------------------------------- where the timeout comes from

@@ -90,7 +90,7 @@ class ElasticMeeting(Meeting):
     def _lead(self, attempt: int) -> list[int]:
         self.worker_store = None  # the last attempt's store closes
         server = stores.serve(self.bind)
-        self.worker_store = stores.Sealed(server, self.secret)
+        self.worker_store = stores.Sealed(server, self.secret, self.worker_context(attempt))
         self.store.set(keys.attempt(attempt, "port"), str(server.port))
         self.store.set(keys.joined(attempt, self.node_rank), "1")
         members = self._gather(attempt)

@@ -12,10 +12,15 @@ its host named. torch's static rendezvous has no way to bring the other nodes ba
 dynamic one chooses node ranks itself; this keeps `--node-rank` and one restart loop for both.
 
 Anyone who reaches the store's port may send it requests (torch's TCPStore asks no password),
-so every key below lives under a name only the job's secret computes (shoal.cluster.store.Sealed):
-a random one on a single machine, `--rdzv-id` or `--secret-file` across machines, or the one a
-`--hosts` head hands its nodes on their input. Node 0's store listens on loopback when the endpoint
-is a loopback address.
+so every key below lives under a name only the job's secret computes and every value is sealed by it
+(shoal.cluster.store.Sealed): a random secret on a single machine, `--secret-file`, SHOAL_JOB_SECRET or
+`--rdzv-id` across machines, or the one a `--hosts` head hands its nodes on their input; machines
+started by hand with none are refused unless the user says `--insecure`. The leader draws a fresh
+instance for the job and publishes it sealed; every other value is sealed over it, so a machine proves
+it holds the secret with its claim and with each attempt's `joined` (bound to the instance and the
+attempt) before the leader counts it, and nothing recorded from another job is believed. The secret
+itself is never stored, written or sent. Node 0's store listens on loopback when the endpoint is a
+loopback address.
 
 Its keys are named in shoal.cluster.keys.
 """
@@ -62,7 +67,10 @@ class Nodes:
     endpoint: str | None = None
     run_id: str | None = None
     secret: str | None = None
-    """What every node of the job holds and nobody else does (--rdzv-id, --secret-file, or a --hosts head's)."""
+    """What every node of the job holds and nobody else does (--secret-file, SHOAL_JOB_SECRET, --rdzv-id, or a
+    --hosts head's)."""
+    insecure: bool = False
+    """--insecure: machines started by hand without a secret meet on a word anyone knows (a trusted network)."""
 
     @property
     def elastic(self) -> bool:
@@ -139,15 +147,24 @@ def read_secret(path: Path) -> str:
 
 
 def job_secret(nodes: Nodes) -> str:
-    """The secret the job's keys are named by: the one given, a fresh one on a single machine, or, for
-    machines started by hand without one, a name anyone knows (said on stderr: anyone may then steer the job)."""
+    """The secret the job's keys are named and sealed by: the one given, a fresh one on a single machine, or,
+    with --insecure, a word anyone knows (said on stderr: anyone who reaches the store may then steer the job)."""
     if nodes.secret or nodes.run_id:
         return nodes.secret or nodes.run_id
     if nodes.count == 1:
         return secrets.token_hex(16)
-    print(f"shoal: warning: no --rdzv-id or --secret-file: the job's store at {nodes.endpoint} obeys anyone who "
-          "can reach it; give every machine the same random --rdzv-id (openssl rand -hex 16)", file=sys.stderr)
-    return "shoal"
+    if not nodes.insecure:
+        raise ConfigError(f"--rdzv-endpoint {nodes.endpoint}: a job of several machines needs a secret that every "
+                          "machine holds: make one (openssl rand -hex 16 > FILE; chmod 600 FILE) and give each "
+                          "machine --secret-file FILE (or SHOAL_JOB_SECRET in its environment), or say --insecure "
+                          "on a network where nobody else can reach the job's ports")
+    print(f"shoal: warning: --insecure: the job's store at {nodes.endpoint} obeys anyone who can reach it",
+          file=sys.stderr)
+    return INSECURE_SECRET
+
+
+INSECURE_SECRET = "shoal"
+"""The secret of machines started by hand with --insecure: anyone knows it."""
 
 
 class Meeting:
@@ -158,6 +175,7 @@ class Meeting:
         self.host = socket.gethostname()
         self.endpoint_host, self.port = nodes.address()
         self.secret = job_secret(nodes)
+        self.instance = ""  # the job's instance, drawn by the leader: set by _open
         self.worker_store: stores.Sealed | None = None  # the leader's store for attempt n's workers
         self.store, self.node_rank, self.bind, self.port = self._open()
         self.leader = self.node_rank == 0
@@ -177,10 +195,10 @@ class Meeting:
         if bind is not None and nodes.rank in (None, 0):
             try:
                 server = stores.Bounded(stores.serve(bind, self.port))
-                store = stores.Sealed(server, self.secret)
-                store.set(keys.RUN_ID, nodes.run_id or "shoal")
+                self.instance = secrets.token_hex(16)  # every value of this job is sealed over it
+                stores.Sealed(server, self.secret).set(keys.INSTANCE, self.instance)
                 server.set(keys.PUBLIC, "1")
-                return store, 0, bind, server.port  # the port picked when asked for any
+                return stores.Sealed(server, self.secret, self.instance), 0, bind, server.port
             except (OSError, RuntimeError) as error:
                 if nodes.rank == 0:
                     raise WorkerError(f"{self.host}: cannot listen on {host}:{self.port}: {first_line(error)}") \
@@ -190,15 +208,14 @@ class Meeting:
             raise ConfigError(f"--rdzv-endpoint: {host} is not an address of this machine ({self.host}); "
                               "node 0 holds the job's store there")
         server = stores.connect(host, self.port, deadline, "the job's store")
-        store = stores.Sealed(server, self.secret)
         if stores.wait_for(server, [keys.PUBLIC], deadline):
             raise WorkerError(f"{host}:{self.port} answers but holds no shoal job")
-        if not store.check([keys.RUN_ID]):  # set before the public key: this job's secret is not ours
-            raise ConfigError(f"--rdzv-id: {host}:{self.port} holds a shoal job with another --rdzv-id "
-                              "(or --secret-file)")
-        run_id = store.get(keys.RUN_ID).decode()
-        if run_id != (nodes.run_id or "shoal"):
-            raise ConfigError(f"--rdzv-id: {host}:{self.port} holds job {run_id!r}, not {nodes.run_id or 'shoal'!r}")
+        introduction = stores.Sealed(server, self.secret)
+        if not introduction.check([keys.INSTANCE]):  # set before the public key: this job's secret is not ours
+            raise ConfigError(f"--rdzv-endpoint: {host}:{self.port} holds a shoal job with another secret "
+                              "(--secret-file, SHOAL_JOB_SECRET or --rdzv-id)")
+        self.instance = introduction.get(keys.INSTANCE).decode()
+        store = stores.Sealed(server, self.secret, self.instance)
         rank = nodes.rank if nodes.rank is not None else store.add(keys.NEXT_NODE, 1)
         if rank >= self.count and not self.nodes.elastic:  # an elastic job numbers every arrival
             raise ConfigError(f"--nnodes: {host}:{self.port} already has its {self.count} machines")
@@ -253,7 +270,7 @@ class Meeting:
         if self.leader:
             self.worker_store = None  # the last attempt's store closes
             server = stores.serve(self.bind)
-            self.worker_store = stores.Sealed(server, self.secret)
+            self.worker_store = stores.Sealed(server, self.secret, self.worker_context(attempt))
             self.store.set(keys.attempt(attempt, "port"), str(server.port))
         self.store.set(keys.joined(attempt, self.node_rank), "1")
         joined = [keys.joined(attempt, rank) for rank in self.members]
@@ -350,7 +367,12 @@ class Meeting:
         """A second connection, for the thread that watches an attempt while the agent uses the first."""
         address = self.bind if self.bind not in (None, "0.0.0.0") else self.endpoint_host
         server = stores.connect(address, self.port, time.monotonic() + stores.REQUEST_SECONDS, "the job's store")
-        return stores.Sealed(server, self.secret)
+        return stores.Sealed(server, self.secret, self.instance)
+
+    def worker_context(self, attempt: int) -> str:
+        """What the seals of attempt `attempt`'s workers' store are bound to: a value of another attempt's store
+        (a verdict, a regroup) is not believed in this one."""
+        return f"{self.instance}/attempt/{attempt}"
 
     def close(self) -> None:
         self.worker_store = None

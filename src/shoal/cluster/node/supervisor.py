@@ -27,7 +27,7 @@ from shoal.cluster.node.rendezvous import AttemptRendezvous, Decision, Meeting, 
 from shoal.cluster.node.watch import AttemptWatch
 from shoal.cluster.regroup import ELASTIC_VARIABLE
 from shoal.cluster.signals import Interrupted, interruptible
-from shoal.cluster.store import SECRET_VARIABLE, StoreUnreachable
+from shoal.cluster.store import CONTEXT_VARIABLE, SECRET_VARIABLE, StoreUnreachable
 from shoal.cluster.verdict import Account, Kind
 from shoal.data.source import SECRET_VARIABLE as DATA_SECRET
 from shoal.data.source import SERVER_VARIABLE, readable_here
@@ -258,7 +258,7 @@ class Supervisor:
         watch = AttemptWatch(meeting, attempt)
         try:
             # the workers' keys are named by the job's secret: handed in their environment, never their argv
-            with watch, workers_environment(self.worker_variables()):
+            with watch, workers_environment(self.worker_variables(attempt)):
                 launch(plan.job_file, plan.run_dir, workers=plan.workers, threads=plan.threads,
                        rendezvous=rendezvous, resume=resume, callbacks=plan.callbacks, server=plan.server,
                        counts=meeting.counts)
@@ -276,10 +276,11 @@ class Supervisor:
             meeting.decide(attempt, Decision(restart=False, completed=True))
         return None
 
-    def worker_variables(self) -> dict[str, str]:
-        """What the workers learn from their environment: the job's secret (never on their command line)
-        and, in a job of changing machines, that they stop at an epoch's end when machines join."""
-        variables = {SECRET_VARIABLE: self.meeting.secret}
+    def worker_variables(self, attempt: int) -> dict[str, str]:
+        """What the workers learn from their environment: the job's secret (never on their command line), what
+        their store's seals are bound to and, in a job of changing machines, that they stop at an epoch's end
+        when machines join."""
+        variables = {SECRET_VARIABLE: self.meeting.secret, CONTEXT_VARIABLE: self.meeting.worker_context(attempt)}
         if self.plan.elastic:
             variables[ELASTIC_VARIABLE] = "1"
         return variables
