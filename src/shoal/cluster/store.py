@@ -211,6 +211,11 @@ class Sealed:
         raws = self.store.multi_get(names)
         return all(self.seal.open(key, raw) is not None for key, raw in zip(keys, raws))
 
+    def forged(self, key: str) -> bool:
+        """Whether `key` holds a value the job's secret did not make (said once, as `check` says it)."""
+        name = self.name(key)
+        return self.store.check([name]) and self.seal.open(key, self.store.get(name)) is None
+
     def compare_set(self, key: str, expected, desired) -> bytes:
         """Set `key` to `desired` unless it holds a value the job made (`expected` must be "": the only use);
         returns the value it holds then. A forged value is replaced."""

@@ -16,8 +16,9 @@ import psutil
 import pytest
 import torch.distributed as dist
 
+from shoal.cluster import keys
 from shoal.cluster.node.rendezvous import Decision, Meeting, Nodes, Report, read_secret
-from shoal.cluster.node.supervisor import Plan, supervise
+from shoal.cluster.node.supervisor import Plan, data_port, supervise
 from shoal.errors import ConfigError, WorkerError
 from shoal.events import read_events
 
@@ -318,3 +319,14 @@ def test_a_secret_file_others_may_read_is_refused(tmp_path):
         read_secret(secret)
     secret.chmod(0o600)
     assert read_secret(secret) == "0123456789abcdef"
+
+
+def test_a_data_server_port_a_stranger_wrote_is_an_error_at_once_never_an_address(pair):
+    leader, follower = pair()
+    leader.store.set(keys.DATA_PORT, "45678")
+    assert data_port(follower, 1.0, "/data/train") == "45678"
+    stranger = dist.TCPStore("127.0.0.1", leader.port, is_master=False, wait_for_workers=False)
+    stranger.set(leader.store.name(keys.DATA_PORT), "40000")  # its own server's port
+    with pytest.raises(WorkerError, match=r"^/data/train: not on this machine .*a data server port that the job's "
+                                          r"secret did not make"):
+        data_port(follower, 3600.0, "/data/train")  # at once: waiting out the hour would fail the test's timeout

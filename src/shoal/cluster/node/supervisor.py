@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from shoal.cluster.node.rendezvous import AttemptRendezvous, Decision, Meeting, 
 from shoal.cluster.node.watch import AttemptWatch
 from shoal.cluster.regroup import ELASTIC_VARIABLE
 from shoal.cluster.signals import Interrupted, interruptible
-from shoal.cluster.store import CONTEXT_VARIABLE, SECRET_VARIABLE, StoreUnreachable
+from shoal.cluster.store import CONTEXT_VARIABLE, POLL_SECONDS, SECRET_VARIABLE, StoreUnreachable
 from shoal.cluster.verdict import Account, Kind
 from shoal.data.source import SECRET_VARIABLE as DATA_SECRET
 from shoal.data.source import SERVER_VARIABLE, readable_here
@@ -130,8 +131,8 @@ def serve_data(plan: Plan, meeting: Meeting):
         meeting.store.set(keys.DATA_PORT, str(server.port) if server else "")  # "": it serves none
         return server
     if plan.streamed:
-        port = "" if meeting.wait_for(keys.DATA_PORT, plan.timeout) else meeting.store.get(keys.DATA_PORT).decode()
         missing = next(path for path in plan.datasets if not readable_here(path))
+        port = data_port(meeting, plan.timeout, missing)
         if not port:
             raise ConfigError(f"{missing}: not on this machine ({meeting.host}), and the first machine "
                               f"({meeting.endpoint_host}) does not serve it (it serves the datasets it holds to a "
@@ -140,6 +141,24 @@ def serve_data(plan: Plan, meeting: Meeting):
         # the launcher's own checks and its workers read the datasets from there (the launcher is the job's)
         os.environ.update({SERVER_VARIABLE: f"{host}:{port}", DATA_SECRET: meeting.secret})
     return None
+
+
+def data_port(meeting: Meeting, seconds: float, missing: str) -> str:
+    """Where the first machine serves the datasets ("": nowhere), as its launcher sealed it: a port anyone else
+    wrote there is a one-line error at once, never an address rows are read from."""
+    deadline = time.monotonic() + seconds
+    while not meeting.store.check([keys.DATA_PORT]):
+        if meeting.store.forged(keys.DATA_PORT):
+            raise WorkerError(f"{missing}: not on this machine ({meeting.host}), and where the first machine serves "
+                              "it is spoiled: the job's store holds a data server port that the job's secret did "
+                              "not make (a process without the secret reaches the store); no rows were read")
+        ended = meeting.ended()
+        if ended is not None:
+            raise WorkerError(ended)
+        if time.monotonic() >= deadline:
+            return ""
+        time.sleep(POLL_SECONDS)
+    return meeting.store.get(keys.DATA_PORT).decode()
 
 
 def check_layout(plan: Plan, meeting: Meeting) -> None:
