@@ -25,7 +25,7 @@ def train_here(args: argparse.Namespace, server=None) -> int:
     """`shoal train` on this machine; `server`: the fork server its workers fork from (shoal.cluster.node), if any."""
     from shoal.api import final_metrics, resolve_job, resumed_job, start
     from shoal.cluster.interface import use_interface
-    from shoal.cluster.node.rendezvous import Nodes
+    from shoal.cluster.node.rendezvous import Nodes, require_secret
     from shoal.cluster.signals import Interrupted
     from shoal.train.directory import new_run_dir
 
@@ -52,6 +52,9 @@ def train_here(args: argparse.Namespace, server=None) -> int:
                          f"--node-rank: with --nnodes {minimum}:{maximum} machines are numbered as they join: give "
                          "none (the endpoint's machine is node 0)")
     job = resolve_job(job, [], workers_for(args.workers, job, maximum))
+    nodes = Nodes(count=maximum, minimum=minimum, rank=args.node_rank, endpoint=args.rdzv_endpoint,
+                  secret=node_secret(args), insecure=args.insecure)
+    require_secret(nodes)  # before the run directory is made
     if args.resume is not None:
         run_dir = args.resume
     else:
@@ -61,9 +64,6 @@ def train_here(args: argparse.Namespace, server=None) -> int:
         run_dir = new_run_dir(job, args.run_dir)
     if args.interface:
         use_interface(args.interface)  # the workers inherit it
-    secret = node_secret(args)
-    nodes = Nodes(count=maximum, minimum=minimum, rank=args.node_rank, endpoint=args.rdzv_endpoint, secret=secret,
-                  insecure=args.insecure)
     try:
         start(job, run_dir, nodes, resume=args.resume is not None, max_restarts=args.max_restarts, server=server)
     except Interrupted as interrupt:

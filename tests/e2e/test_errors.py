@@ -78,11 +78,27 @@ def test_many_machines_need_one_run_directory_path(task, tmp_path, capsys, monke
     monkeypatch.chdir(tmp_path)
     train, test = task
     job = write_job(tmp_path / "job.toml", train, test)
-    status = main(["train", str(job), "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400"])
+    status = main(["train", str(job), "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400", "--insecure"])
     assert status == 2
     assert capsys.readouterr().err.strip() == (
         "shoal: error: --run-dir: required with --nnodes > 1 (the same path on every machine)")
     assert not (tmp_path / "runs").exists()
+
+
+def test_machines_started_by_hand_without_a_secret_are_refused_before_anything_is_written(task, tmp_path, capsys,
+                                                                                         monkeypatch):
+    monkeypatch.delenv("SHOAL_JOB_SECRET", raising=False)
+    train, test = task
+    job = write_job(tmp_path / "job.toml", train, test)
+    status = main(["train", str(job), "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400", "--run-dir",
+                   str(tmp_path / "run")])
+    assert status == 2
+    assert capsys.readouterr().err.strip() == (
+        "shoal: error: --rdzv-endpoint 127.0.0.1:29400: a job of several machines needs a secret that every machine "
+        "holds: make one (openssl rand -hex 16 > FILE; chmod 600 FILE) and give each machine --secret-file FILE (or "
+        "SHOAL_JOB_SECRET in its environment), or say --insecure on a network where nobody else can reach the job's "
+        "ports")
+    assert not (tmp_path / "run").exists()
 
 
 def test_exit_status_and_message_from_the_command(task, tmp_path, project_env):

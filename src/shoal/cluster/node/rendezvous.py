@@ -153,14 +153,20 @@ def job_secret(nodes: Nodes) -> str:
         return nodes.secret or nodes.run_id
     if nodes.count == 1:
         return secrets.token_hex(16)
-    if not nodes.insecure:
+    require_secret(nodes)
+    print(f"shoal: warning: --insecure: the job's store at {nodes.endpoint} obeys anyone who can reach it",
+          file=sys.stderr)
+    return INSECURE_SECRET
+
+
+def require_secret(nodes: Nodes) -> None:
+    """A job of several machines started by hand has a secret, or says --insecure; else a ConfigError saying how
+    to make one (before anything of the run is written)."""
+    if nodes.count > 1 and not (nodes.secret or nodes.run_id or nodes.insecure):
         raise ConfigError(f"--rdzv-endpoint {nodes.endpoint}: a job of several machines needs a secret that every "
                           "machine holds: make one (openssl rand -hex 16 > FILE; chmod 600 FILE) and give each "
                           "machine --secret-file FILE (or SHOAL_JOB_SECRET in its environment), or say --insecure "
                           "on a network where nobody else can reach the job's ports")
-    print(f"shoal: warning: --insecure: the job's store at {nodes.endpoint} obeys anyone who can reach it",
-          file=sys.stderr)
-    return INSECURE_SECRET
 
 
 INSECURE_SECRET = "shoal"
