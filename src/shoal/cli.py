@@ -96,20 +96,25 @@ def machines(args: argparse.Namespace, job) -> tuple[int, int]:
 
 def node_secret(args: argparse.Namespace) -> str | None:
     """The job's secret: --secret-file's, the one a --hosts head sends on this node's input, --rdzv-id, or
-    SHOAL_JOB_SECRET from the environment."""
+    SHOAL_JOB_SECRET from the environment; one given by hand must be long enough not to be guessed."""
+    from shoal.cluster.node.rendezvous import check_strength, read_secret
     from shoal.cluster.store import SECRET_VARIABLE
 
     if args.secret_file is not None and args.rdzv_id is not None:
         raise ShoalError("--secret-file and --rdzv-id: give one of them (either is the job's secret)")
     if args.secret_file is not None:
-        from shoal.cluster.node.rendezvous import read_secret
-
         return read_secret(args.secret_file)
     if args.stop_when_input_closes:
         from shoal.cluster.remote import stop_when_input_closes
 
-        return stop_when_input_closes() or args.rdzv_id
-    return args.rdzv_id or os.environ.get(SECRET_VARIABLE) or None
+        handed = stop_when_input_closes()  # a --hosts head's, random
+        if handed:
+            return handed
+    if args.rdzv_id is not None:
+        return check_strength(args.rdzv_id, "--rdzv-id")
+    if os.environ.get(SECRET_VARIABLE):
+        return check_strength(os.environ[SECRET_VARIABLE], SECRET_VARIABLE)
+    return None
 
 
 def trust_flag(job, hosts: bool = False) -> str:
@@ -582,7 +587,8 @@ def add_plan_parser(commands) -> None:
                       "shares (cluster.balance = \"speed\")")
     plan.add_argument("--link", metavar="RATE", help="describe the network instead of measuring it, like 1gbit, "
                       "100mbit (default without --hosts or --profile: 1gbit)")
-    plan.add_argument("--latency", metavar="TIME", help="with --link: each message's fixed cost, like 0.1ms")
+    plan.add_argument("--latency", metavar="TIME", help="with --link: each message's fixed cost, like 0.1ms "
+                      "(default: the --profile's probed one, else 0.1ms)")
     plan.add_argument("--rows", type=int, help="plan for this many training rows instead of data.train's")
     plan.add_argument("--algorithms", metavar="NAME[,NAME...]",
                       help="algorithms to compare (default: the job's, sync, averaging, downpour)")

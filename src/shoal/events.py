@@ -200,6 +200,9 @@ class EpochEnd(Event):
     """cluster.balance as it shared this epoch's rows: "equal", "speed" or "fixed" (a list of speeds)."""
     next_shares: list[int] | None = None
     """With speed shares: each training worker's rows for the next epoch, when they change."""
+    taken_back: bool | None = None
+    """With speed shares: True when `next_shares` are the shares before the latest move, taken back because the
+    first epoch on the moved shares was no shorter than the one before it (they are held a few epochs)."""
     train_metrics: dict[str, float] | None = None
     """The numbers the user's training step logged (train.step), each a mean over every trainer's rows."""
     validation: dict[str, float] | None = None

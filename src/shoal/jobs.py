@@ -11,7 +11,7 @@ import tomllib
 import typing
 from pathlib import Path
 
-from shoal.algorithms import option_names, options_class
+from shoal.algorithms import option_names, options_class, refused_elsewhere
 from shoal.config import (
     AlgorithmConfig,
     JobConfig,
@@ -47,12 +47,16 @@ def from_dict(raw: dict, name: str = "job") -> JobConfig:
         raise ConfigError(f"algorithm.name: expected a string, got {algorithm_name!r}")
     options_type = options_class(algorithm_name)
     # Keys of another algorithm are set aside, so `--set algorithm.name=sync` works on a job written
-    # for averaging; a key no algorithm knows is still an error.
+    # for averaging; a key no algorithm knows is still an error, and so is one whose absence would train
+    # another job than the file asks for (refused_elsewhere).
     own = {f.name for f in dataclasses.fields(options_type)}
-    known = option_names()
+    known, refused = option_names(), refused_elsewhere()
     for key in algorithm_table:
         if key not in known:
             raise unknown_key(f"algorithm.{key}", known | {"name"})
+        if key not in own and key in refused:
+            raise ConfigError(f"algorithm.{key}: {refused[key]}, not of {algorithm_name!r}; remove it, or choose "
+                              "an algorithm that has it")
     options = build_section(options_type, {k: v for k, v in algorithm_table.items() if k in own}, "algorithm.")
     job.algorithm = AlgorithmConfig(name=algorithm_name, options=drop_none(dataclasses.asdict(options)))
     job.name = name

@@ -33,7 +33,7 @@ def by_hand(cluster, job: str, run_dir: Path, env: dict, *options: str, resume: 
         start = ["--resume", str(run_dir)] if resume else [job, "--run-dir", str(run_dir)]
         command = [sys.executable, "-m", "shoal", "train", *start, "--workers", str(workers), "--nnodes", "2",
                    "--node-rank", str(host), "--rdzv-endpoint", f"{cluster.address(0)}:{PORT}", "--rdzv-id",
-                   "uneven-hosts", *options]
+                   "uneven-hosts-4b7e0d19", *options]
         logs.append(cluster.shared / f"{run_dir.name}-host{host}{'-resumed' if resume else ''}.log")
         launchers.append(cluster.start(host, command, log=logs[-1], env=env))
     wait_for_nodes(launchers, logs)

@@ -30,7 +30,7 @@ def free_port() -> int:
 
 def node(job, endpoint: str, run_dir, env, *rank: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "shoal", "train", str(job), "--workers", "1", "--nnodes", "1:2",
-                             *rank, "--rdzv-endpoint", endpoint, "--rdzv-id", "leave-test", "--run-dir",
+                             *rank, "--rdzv-endpoint", endpoint, "--rdzv-id", "leave-test-6f1c9a2e", "--run-dir",
                              str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 

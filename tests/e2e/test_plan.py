@@ -86,6 +86,18 @@ def test_a_described_link_replaces_the_profiles(planned, capsys):
     assert slow["communication_seconds"] > measured["communication_seconds"]
 
 
+def test_a_described_rate_keeps_the_probed_latency_and_says_so(planned, capsys, tmp_path):
+    job_path, _, profile = planned
+    probed = Link(2e-3, 5e7, points=((2048, 2.04e-3), (65536, 3.3e-3)))
+    saved = tmp_path / "probed.json"
+    dataclasses.replace(profile, network=dataclasses.replace(profile.network, across=probed)).save(saved)
+    assert main(["plan", str(job_path), "--profile", str(saved), "--link", "100mbit", "--nodes", "1,2"]) == 0
+    assert "network: described: 100mbit, 2 ms per message as probed; " in capsys.readouterr().out
+    assert main(["plan", str(job_path), "--link", "100mbit", "--nodes", "1,2", "--profile", str(saved),
+                 "--latency", "0.5ms"]) == 0
+    assert "100mbit, 0.5 ms per message given" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("arguments, message", [
     (["--nodes", "0,2"], "--nodes: node counts must be >= 1"),
     (["--nodes", "two"], "--nodes: expected node counts"),
@@ -261,4 +273,4 @@ def test_a_training_set_smaller_than_every_batch_is_probed_at_its_rows(tmp_path,
     saved = tmp_path / "measured.json"
     assert main(["plan", str(job_path), "--link", "1gbit", "--nodes", "1", "--save-profile", str(saved)]) == 0
     assert list(load_profile(saved).compute.step_seconds) == [64]
-    assert "recommended: 1 node(s)" in capsys.readouterr().out
+    assert "recommended: one machine: 1 node(s)" in capsys.readouterr().out

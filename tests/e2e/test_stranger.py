@@ -6,8 +6,8 @@ every value over and over, the workers' store's too (gloo's addresses, beats): n
 it does its worst where the job would act: it writes its own text as the job's `end` (in plain, sealed with
 a wrong secret, and as a value of the job's own moved there); the test computes that key's name with the
 secret, which the stranger cannot, so this is more than a stranger can do. A third launcher with a wrong
-secret, and one with none, are refused in one line. The job goes on and completes, and the stranger's text
-shows nowhere.
+secret, and one with none, are refused in one line. The job goes on and completes, the stranger's text
+shows nowhere, and the secret is in no file the job wrote and no line it printed.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pytest
 import torch.distributed as dist
 
 from shoal.cluster import keys
+from shoal.cluster.node.greeting import greet
 from shoal.cluster.store import Sealed, secret_name
 from shoal.events import read_events
 from tests.e2e.jobs import write_task
@@ -70,7 +71,7 @@ def read_everything(stranger: dist.TCPStore) -> dict[str, bytes]:
 def workers_store(stranger: dist.TCPStore) -> dist.TCPStore:
     """The running attempt's store, where the workers beat and gloo's addresses are (found with the secret here;
     a stranger would scan the first machine's ports)."""
-    instance = Sealed(stranger, SECRET).get(keys.INSTANCE).decode()
+    instance = greet(Sealed(stranger, SECRET), time.monotonic() + 10, "the first machine")
     job = Sealed(stranger, SECRET, instance)
     port = int(job.get(keys.attempt(int(job.get(keys.CURRENT)), "port")))
     return dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10))
@@ -132,3 +133,7 @@ def test_a_stranger_on_the_store_can_neither_learn_the_secret_nor_end_join_or_st
     assert [event["status"] for event in events if event["event"] == "job_end"] == ["completed"]
     assert max(len(event["hosts"]) for event in events if event["event"] == "membership") == 2
     assert STRANGER_TEXT not in (run_dir / "events.jsonl").read_text() + "".join(out + err for out, err in outputs)
+    written = [path.read_bytes() for folder in (run_dir, tmp_path / "second") for path in folder.rglob("*")
+               if path.is_file()]
+    assert written and not any(SECRET.encode() in content for content in written)  # nor in any file shoal wrote
+    assert not any(SECRET in out + err for out, err in outputs)

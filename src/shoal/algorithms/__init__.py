@@ -58,6 +58,13 @@ def option_names() -> set[str]:
     return {field.name for classes in REGISTRY.values() for field in dataclasses.fields(classes[0].Options)}
 
 
+def refused_elsewhere() -> dict[str, str]:
+    """Option keys that an algorithm without them refuses rather than sets aside, with what they are for: left out
+    silently they would train another job than the one the file asks for (averaging's outer optimizer)."""
+    return {field.name: field.metadata["refused_elsewhere"] for classes in REGISTRY.values()
+            for field in dataclasses.fields(classes[0].Options) if "refused_elsewhere" in field.metadata}
+
+
 def algorithm_class(name: str, options=None) -> type[Algorithm]:
     """The class registered under `name` whose variant matches `options` (default options when None)."""
     options = options if options is not None else options_class(name)()
@@ -105,5 +112,5 @@ def catalogue() -> list[tuple[str, str, str]]:
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "CollectiveAlgorithm", "REGISTRY", "Role", "ServerAlgorithm",
-           "algorithm_class", "catalogue", "make_algorithm", "option_names", "options_class", "role",
-           "trainer_ranks"]
+           "algorithm_class", "catalogue", "make_algorithm", "option_names", "options_class",
+           "refused_elsewhere", "role", "trainer_ranks"]

@@ -38,11 +38,19 @@ group rounds too, not only rounds across all workers: each replaces a replica by
 replica gathered on its way there point along that replica's path, not the mean's. A round of one worker
 alone leaves its weights as they are and resets the optimizer all the same: the option means one thing on any
 number of workers.
+
+With `outer` (see `outer.py`: DiLoCo, Douillard et al. 2023) a round across all workers averages each replica's
+change since the last consensus rather than the weights, through the same exchange (the weights' mean, or the
+compressor's summed differences from the anchor, which then are the changes themselves), and an outer optimizer
+(torch's SGD, with Nesterov momentum or without) steps the consensus with the averaged change as its gradient. The
+anchor is the consensus after the outer step; its momentum is every rank's, saved in each rank's checkpoint with
+the anchor. Rounds within a group stay plain means; with one group, its rounds are every worker's and step. A
+round of one worker alone steps too (its own change is the mean): the option means one thing on any number.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -50,6 +58,7 @@ from shoal.algorithms.base import model_state
 from shoal.algorithms.collective import CollectiveAlgorithm
 from shoal.algorithms.compression import check_compression, make_compressor
 from shoal.algorithms.groups import check_group_period, check_groups, check_period
+from shoal.algorithms.outer import OuterOptimizer, check_outer
 from shoal.cluster.collectives import FlatBuffer
 from shoal.errors import ConfigError
 
@@ -70,6 +79,10 @@ class AveragingOptions:
     reset_optimizer: bool = False
     """Clear the optimizer's state (momentum, Adam's moments and step count; not its learning rates) after every
     round, within a group or across all workers (Kennedy et al.'s Parallel SGD starts each round afresh)."""
+    outer: dict | None = field(default=None, metadata={"refused_elsewhere": "an outer optimizer steps on the rounds "
+                                                                            "of 'averaging'"})
+    """DiLoCo's outer optimizer on every round across all workers, e.g. { name = "nesterov", lr = 0.7, momentum = 0.9 }
+    ("sgd": without Nesterov; lr 1 and momentum 0 is the plain mean). Unset: the plain mean."""
 
     def __post_init__(self) -> None:
         check_period("algorithm.period", self.period)
@@ -77,6 +90,7 @@ class AveragingOptions:
         check_group_period(self.group_period, self.period)
         if not isinstance(self.reset_optimizer, bool):
             raise ConfigError(f"algorithm.reset_optimizer: must be true or false, got {self.reset_optimizer!r}")
+        check_outer(self.outer)
 
 
 class ModelAveraging(CollectiveAlgorithm):
@@ -102,10 +116,14 @@ class ModelAveraging(CollectiveAlgorithm):
         self.step_count = 0  # the global step just taken
         self.averaged_at = 0  # the global step of the last average across all workers
         self.rows = [0, 0]  # rows trained on since the last round across all workers, and within the group
-        self.compressor, self.anchor = None, None
+        self.compressor, self.anchor, self.outer = None, None, None
         if self.options.compression != "none":
             self.compressor = make_compressor(self.options.compression, self.options.compression_rank, self.seed)
             self.shapes = [tensor.shape for tensor in self.state.tensors]
+        if self.options.outer is not None:  # model_state puts the parameters first: the numbers that step
+            self.outer = OuterOptimizer(self.options.outer, sum(p.numel() for p in model.parameters()),
+                                        self.state.buffer)
+        if self.compressor is not None or self.outer is not None:
             self.anchor = self.state.pack()[:-1].clone()  # the consensus: rank 0's, broadcast by super().setup
 
     def after_backward(self, rows: int) -> None:
@@ -113,8 +131,10 @@ class ModelAveraging(CollectiveAlgorithm):
         self.rows[1] += rows
 
     def average_(self) -> None:
-        """Replace every replica by the mean of all replicas."""
-        if self.compressor is not None:
+        """Replace every replica by the mean of all replicas (with `outer`: the consensus its step makes of it)."""
+        if self.outer is not None:
+            self._outer_round()
+        elif self.compressor is not None:
             self._average_compressed()
         else:
             self._average(self.comm, 0)
@@ -123,8 +143,8 @@ class ModelAveraging(CollectiveAlgorithm):
 
     def average_group_(self) -> None:
         """Replace every replica by the mean of its group's replicas."""
-        if self.groups == 1 and self.compressor is not None:
-            self.average_()  # the one group is every worker: its rounds cross the network, compressed
+        if self.groups == 1 and (self.compressor is not None or self.outer is not None):
+            self.average_()  # the one group is every worker: its rounds cross the network, compressed or stepped
         else:
             self._average(self.group_comm, 1)
             self._restart_optimizer()
@@ -135,46 +155,81 @@ class ModelAveraging(CollectiveAlgorithm):
         if self.options.reset_optimizer:
             self.optimizer.state.clear()
 
-    def _average(self, comm, which: int) -> None:
-        """The mean over `comm`'s replicas: plain, or weighed by the rows each trained on since the last round."""
+    def _average(self, comm, which: int) -> bool:
+        """The mean over `comm`'s replicas: plain, or weighed by the rows each trained on since the last round.
+        False where no worker trained since (weighed: the replicas are left as they are)."""
         if comm.world_size == 1:
             self.rows[which] = 0
-            return
+            return True
         flat = self.state.pack()
         if self.weigh_by_rows:
             flat[:-1].mul_(self.rows[which])
             flat[-1] = self.rows[which]
             comm.all_reduce_sum_(flat)
-            if flat[-1] > 0:  # no worker trained: the replicas are the same, keep them
+            trained = bool(flat[-1] > 0)
+            if trained:  # no worker trained: the replicas are the same, keep them
                 flat[:-1].div_(flat[-1])
                 self.state.unpack_()
         else:
             comm.all_reduce_mean_(flat[:-1])
             self.state.unpack_()
+            trained = True
         self.rows[which] = 0
+        return trained
 
     def _average_compressed(self) -> None:
         """A round across all workers through the compressor: each replica's share of the mean's move away from
         the anchor is summed, and every replica (and the anchor) becomes anchor + that sum."""
-        comm = self.comm
-        if comm.world_size == 1:
+        if self.comm.world_size == 1:
             self.rows[0] = 0
             return
+        move = self._summed_move()
+        if move is None:  # no worker trained: every replica is the anchor, keep them
+            return
+        self.anchor.add_(move)
+        move.copy_(self.anchor)
+        self.state.unpack_()
+
+    def _summed_move(self) -> torch.Tensor | None:
+        """The mean's move away from the anchor, the same bytes on every rank: each replica's share of it summed
+        through the compressor (in the flat buffer, which is returned); None where no worker trained."""
+        comm = self.comm
         flat = self.state.pack()
         difference = flat[:-1]
-        if self.weigh_by_rows:
+        if comm.world_size == 1:
+            share = 1.0
+        elif self.weigh_by_rows:
             total = torch.tensor([float(self.rows[0])], dtype=flat.dtype, device=flat.device)
             comm.all_reduce_sum_(total)  # exact: the weights of the mean must not be rounded
             share = self.rows[0] / total.item() if total.item() > 0 else None
         else:
             share = 1.0 / comm.world_size
         self.rows[0] = 0
-        if share is None:  # no worker trained: every replica is the anchor, keep them
-            return
+        if share is None:
+            return None
         difference.sub_(self.anchor).mul_(share)
-        self.compressor.sum_(difference, self.shapes, "average", comm)
-        self.anchor.add_(difference)
-        difference.copy_(self.anchor)
+        if comm.world_size > 1:
+            self.compressor.sum_(difference, self.shapes, "average", comm)
+        return difference
+
+    def _outer_round(self) -> None:
+        """DiLoCo's round (see `outer.py`): the averaged change since the consensus, through the round's exchange
+        (compressed or not), and the outer optimizer's step with it; every replica, and the anchor, becomes the
+        new consensus."""
+        if self.compressor is not None:
+            mean = self._summed_move()
+            if mean is None:
+                return
+            change = mean.neg()  # the consensus minus each replica, averaged
+            mean.add_(self.anchor)
+        else:
+            if not self._average(self.comm, 0):
+                return
+            mean = self.state.pack()[:-1]
+            change = self.anchor - mean
+        size = self.outer.size
+        self.outer.step_(mean[:size], change[:size])
+        self.anchor.copy_(mean)
         self.state.unpack_()
 
     def after_step(self, step: int) -> None:
@@ -200,20 +255,28 @@ class ModelAveraging(CollectiveAlgorithm):
 
     def state_dict(self) -> dict:
         state = {"averaged_at": self.averaged_at}
-        if self.compressor is not None:
+        if self.anchor is not None:
             state["anchor"] = self.anchor.clone()
+        if self.compressor is not None:
             compression = self.compressor.state_dict()
             if compression:
                 state["compression"] = compression
+        if self.outer is not None:
+            outer = self.outer.state_dict()
+            if outer:
+                state["outer"] = outer
         return state
 
     def load_state_dict(self, state: dict) -> None:
         self.averaged_at = state["averaged_at"]
-        if self.compressor is not None:
+        if self.anchor is not None:
             # Without an anchor (a job that turns compression on as it resumes) the epoch's closing round left
             # the consensus in the model, loaded before this.
             self.anchor.copy_(state["anchor"] if "anchor" in state else self.state.pack()[:-1])
+        if self.compressor is not None:
             self.compressor.load_state_dict(state.get("compression", {}))
+        if self.outer is not None:
+            self.outer.load_state_dict(state.get("outer", {}))
 
     def reshard_(self) -> None:
         if self.compressor is not None:

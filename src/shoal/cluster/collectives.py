@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from shoal.cluster.codec import CodecError, decode, encode
+from shoal.cluster.signed_messages import message_seal
 from shoal.cluster.waits import WAITS
 from shoal.errors import ShoalError
 
@@ -116,6 +117,8 @@ class Communicator:
         self.device = device  # where small tensors travel: NCCL moves only device memory
         self.seconds = 0.0  # time spent in collectives, read by the loop for its time split
         self.parent: Communicator | None = None  # the communicator this one was split from: it counts our time too
+        self.seal = message_seal()  # None where the launcher handed no secret (torchrun, srun, mpirun)
+        self.messages = 0  # the object messages this communicator sent: each one's number is in its MAC
 
     def split(self, members: list[list[int]]) -> Communicator:
         """A communicator over the list in `members` that holds this rank (ranks of this communicator).
@@ -212,14 +215,32 @@ class Communicator:
 
     def all_gather_object(self, value) -> list:
         """Every rank's `value`, in rank order, as plain data (`shoal.cluster.codec`: what cannot travel is a
-        TypeError here, on the rank that sends it; every rank, this one too, gets decoded copies)."""
-        payloads = self.all_gather_bytes(encode(value))
-        return [decode(payload, f"rank {rank}") for rank, payload in enumerate(payloads)]
+        TypeError here, on the rank that sends it; every rank, this one too, gets decoded copies), each message
+        signed with the job's secret where the launcher handed one (`shoal.cluster.signed_messages`)."""
+        number = self._next_message()
+        payloads = self.all_gather_bytes(self._signed(number, encode(value)))
+        return [decode(self._opened(number, rank, payload), f"rank {rank}") for rank, payload in enumerate(payloads)]
 
     def broadcast_object(self, value, source: int = 0):
         """Rank `source`'s `value` on every rank (a copy on `source` too), as plain data (see `all_gather_object`);
         the others' `value` is ignored."""
-        return decode(self.broadcast_bytes(encode(value) if self.rank == source else None, source), f"rank {source}")
+        number = self._next_message()
+        signed = self._signed(number, encode(value)) if self.rank == source else None
+        return decode(self._opened(number, source, self.broadcast_bytes(signed, source)), f"rank {source}")
+
+    def _next_message(self) -> int:
+        self.messages += 1
+        return self.messages
+
+    def _where(self) -> str:
+        """Which ranks this communicator joins, in the job's numbering: part of what each message's MAC covers."""
+        return "all" if self.group is None else ",".join(map(str, dist.get_process_group_ranks(self.group)))
+
+    def _signed(self, number: int, payload: bytes) -> bytes:
+        return payload if self.seal is None else self.seal.sign(self._where(), number, self.rank, payload)
+
+    def _opened(self, number: int, sender: int, signed: bytes) -> bytes:
+        return signed if self.seal is None else self.seal.open(self._where(), number, sender, signed)
 
     def all_gather_bytes(self, payload: bytes) -> list[bytes]:
         """Every rank's `payload`, in rank order: the sizes first, then the bytes padded to the longest."""

@@ -169,7 +169,8 @@ class Heartbeat:
         now = time.monotonic()
         for rank, value in zip(ranks, values):
             beat = read_beat(value, rank)
-            if beat is not None and (rank not in self.heard or self.heard[rank][1]["count"] != beat["count"]):
+            # a count that rises: an older beat of the same attempt played again is no sign of life
+            if beat is not None and (rank not in self.heard or beat["count"] > self.heard[rank][1]["count"]):
                 self.heard[rank] = (now, beat)
         self.listened = now
 

@@ -5,13 +5,13 @@ torchrun's attempt count) share one store per job; spelling each name once keeps
 and shows the whole key space at a glance. All are sealed by the job's secret (shoal.cluster.store.
 Sealed) except `PUBLIC`.
 
-The launchers' store: `instance`, `node/next` (arrival order), `node/K/{claim,host,workers,alive,refused}` (alive:
-counted up by the launcher's watch while its workers run; refused: why an arrival cannot join),
-`attempt/N/{port,joined/K,report/K,failed,decision}`, `end` (the job was stopped or failed outside an
-attempt; every node leaves) and `left/K` (a follower is done: the leader may close the store). A job whose
-machines may change (--nnodes MIN:MAX) adds `attempt/N/members` (the node ranks in attempt N, set by the
-leader) and `attempt/current` (the attempt running); `data/port` is where the first machine serves the
-job's datasets ("": it serves none).
+The launchers' store: `instance`, `hello/next`, `hello/N`, `welcome/N` (greeting), `node/next` (arrival
+order), `node/K/{claim,host,workers,alive,refused}` (alive: counted up by the launcher's watch while its
+workers run; refused: why an arrival cannot join), `attempt/N/{port,joined/K,report/K,failed,decision}`, `end`
+(the job was stopped or failed outside an attempt; every node leaves) and `left/K` (a follower is done: the
+leader may close the store). A job whose machines may change (--nnodes MIN:MAX) adds `attempt/N/members` (the
+node ranks in attempt N, set by the leader) and `attempt/current` (the attempt running); `data/port` is where
+the first machine serves the job's datasets ("": it serves none).
 
 The workers' store: `shoal/beat/R` and `shoal/silent` (liveness), `shoal/exit/N/R` and
 `shoal/exit/N/recorded` (ways out, under other launchers), `shoal/regroup` (the leader: machines wait to
@@ -25,7 +25,8 @@ from __future__ import annotations
 PUBLIC = "shoal"
 """The one key outside the secret's names: a shoal job holds this store."""
 INSTANCE = "instance"
-"""The job's instance, drawn by the leader: every other value is sealed over it."""
+"""Set by the leader of a job with this secret (a machine with another secret finds none); the job's
+instance itself is told by shoal.cluster.node.greeting (`hello/N`, `welcome/N`)."""
 NEXT_NODE = "node/next"
 END = "end"
 SILENT = "shoal/silent"

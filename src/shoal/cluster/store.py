@@ -136,9 +136,14 @@ class Forged(WorkerError):
     """A value in the job's store that the job's secret did not make: a stranger's, moved or replayed."""
 
 
+NAME_LABEL = b"shoal store names v1"
+
+
 def secret_name(secret: str, key: str) -> str:
-    """The store's name for `key` in the job holding `secret`: nothing about the key or the secret shows."""
-    return "shoal-" + hmac.new(secret.encode(), key.encode(), hashlib.sha256).hexdigest()[:40]
+    """The store's name for `key` in the job holding `secret`: nothing about the key or the secret shows. Names
+    come from a key of their own, so no name can stand for another use of the secret (the seals, the data)."""
+    names = hmac.new(secret.encode(), NAME_LABEL, hashlib.sha256).digest()
+    return "shoal-" + hmac.new(names, key.encode(), hashlib.sha256).hexdigest()[:40]
 
 
 class Seal:

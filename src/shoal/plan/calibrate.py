@@ -8,7 +8,8 @@ through the cluster's remote command. When several workers share a machine, loop
 on the first host (on this machine when no host is given): assumed, it priced the all-reduce of
 127 kB between two busy workers of a 2-core VM at 0.2 ms a step, where it took 1.8-2.0 ms. A link
 the user describes (`--link 1gbit --latency 0.1ms`) is taken at the share of its rate that shoal's
-exchange was measured to reach on such a link.
+exchange was measured to reach on such a link, each message at the latency given, else the probed one
+(a saved measured network's), else 0.1 ms.
 """
 
 from __future__ import annotations
@@ -68,14 +69,23 @@ def reached_share(bits_per_second: float) -> float:
     return REACHED_SHARE[low] + weight * (REACHED_SHARE[high] - REACHED_SHARE[low])
 
 
-def described_network(rate: str, latency: str, inside: Link = LOOPBACK) -> Network:
-    """A link known by its nominal rate, priced at what shoal's exchange reaches of it (REACHED_SHARE)."""
+def described_network(rate: str, latency: str | None = None, inside: Link = LOOPBACK,
+                      probed: Link | None = None) -> Network:
+    """A link known by its nominal rate, priced at what shoal's exchange reaches of it (REACHED_SHARE). Each
+    message costs `latency` as given, else `probed`'s fixed cost (a measured link's, when the profile has one),
+    else DEFAULT_LATENCY: never nothing, as no exchange is free of its per-message work."""
     bits = parse_rate(rate)
     share = reached_share(bits)
-    link = Link(latency=parse_latency(latency), bandwidth=bits / 8 * share)
+    if latency is not None:
+        seconds, how = parse_latency(latency), "given"
+    elif probed is not None:
+        seconds, how = probed.latency, "as probed"
+    else:
+        seconds, how = parse_latency(DEFAULT_LATENCY), "assumed (--latency sets it)"
+    link = Link(latency=seconds, bandwidth=bits / 8 * share)
     return Network(across=link, inside=inside,
-                   source=f"described: {rate}, {latency} per message; priced at {share:.0%} of the rate, what "
-                          "shoal's exchange reached on emulated links of that rate")
+                   source=f"described: {rate}, {seconds * 1e3:.3g} ms per message {how}; priced at {share:.0%} of "
+                          "the rate, what shoal's exchange reached on emulated links of that rate")
 
 
 def measured_pair(first: str, second: str, template: str | None, port: int, sizes: list[int],
@@ -132,8 +142,8 @@ def calibrate(job: JobConfig, profile: Profile | None, *, threads: int, hosts: l
     if network is None and can_measure:
         network = measure_network(hosts, job.cluster.remote, job.cluster.port, message, messages)
     elif network is None:
-        network = described_network(DEFAULT_RATE, DEFAULT_LATENCY)
-    if per_node > 1 and not network.inside.points:  # workers share a machine: its loopback measured, not assumed
+        network = described_network(DEFAULT_RATE)
+    if per_node > 1 and not network.inside.measured:  # workers share a machine: its loopback measured, not assumed
         inside = measure_loopback(hosts[0] if hosts else None, job.cluster.remote, job.cluster.port, message)
         network = dataclasses.replace(network, inside=inside)
     machine = profile.machine if compute is profile.compute and profile.machine else describe()
@@ -143,7 +153,7 @@ def calibrate(job: JobConfig, profile: Profile | None, *, threads: int, hosts: l
 def lacks_messages(network: Network) -> bool:
     """A measured network (its links keep their points; a described one has none) without point-to-point
     messages: it was measured for collective algorithms alone."""
-    return bool(network.across.points) and network.message_across is None
+    return network.across.measured and network.message_across is None
 
 
 def model_key_of(job: JobConfig) -> str:

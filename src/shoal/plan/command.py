@@ -7,7 +7,7 @@ import sys
 from shoal.cluster.env import cores
 from shoal.config import JobConfig
 from shoal.errors import ConfigError
-from shoal.plan.calibrate import DEFAULT_LATENCY, LOOPBACK, calibrate, described_network, model_key_of
+from shoal.plan.calibrate import LOOPBACK, calibrate, described_network, model_key_of
 from shoal.plan.machines import MachineClass, check_models, machine_counts, machine_speeds, parse_machines
 from shoal.plan.median import median_profile
 from shoal.plan.planner import COMPARED, Plan, job_shape, make_plan
@@ -76,9 +76,10 @@ def profile_for(job: JobConfig, args, hosts: list[str] | None, messages: bool = 
     threads = job.cluster.threads or max(1, cores() // args.workers_per_node)
     profile = median_profile([(path, load_profile(path)) for path in args.profile]) if args.profile else None
     described = None
-    if args.link is not None:  # loopback stays as the profile measured it
-        inside = profile.network.inside if profile and profile.network else LOOPBACK
-        described = described_network(args.link, args.latency or DEFAULT_LATENCY, inside)
+    if args.link is not None:  # loopback stays as the profile measured it, and a measured link's latency
+        known = profile.network if profile else None
+        probed = known.across if known and known.across.measured else None
+        described = described_network(args.link, args.latency, known.inside if known else LOOPBACK, probed)
     profile = calibrate(job, profile, threads=threads, hosts=hosts, described=described,
                         per_node=args.workers_per_node, messages=messages)
     if args.save_profile:

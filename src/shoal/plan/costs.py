@@ -15,18 +15,22 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Link:
-    """One network path as the planner prices it: a message costs `latency` seconds plus its bytes over
-    `bandwidth` (bytes per second). A measured link also keeps its measured points (bytes -> seconds per
-    message) and interpolates between them: shapers and socket buffers make real links far from straight
-    lines below a few hundred kilobytes; beyond the largest point, bandwidth alone adds."""
+    """One network path as the planner prices it: a message costs `latency` seconds (the wire's latency plus
+    the software's per-message work: a waiting process woken, a call made) plus its bytes over `bandwidth` (bytes
+    per second, the rate an exchange reaches), the two fitted apart to messages of several sizes. A measured
+    link keeps its measured points (bytes -> seconds per message) to show what the line was fitted to; a
+    profile saved before the line priced links (format 2) is still priced through them (`interpolated`):
+    between two points in proportion, below the smallest at its time, beyond the largest bandwidth alone
+    adding."""
 
     latency: float
     bandwidth: float
     points: tuple[tuple[int, float], ...] = ()
+    interpolated: bool = False
 
     def seconds(self, size: float) -> float:
         """One message of `size` bytes, end to end."""
-        if not self.points:
+        if not (self.interpolated and self.points):
             return self.latency + size / self.bandwidth
         sizes = [point for point, _ in self.points]
         if size <= sizes[0]:
@@ -37,6 +41,11 @@ class Link:
             return seconds + (size - last) / self.bandwidth
         (low, low_seconds), (high, high_seconds) = self.points[index - 1], self.points[index]
         return low_seconds + (high_seconds - low_seconds) * (size - low) / (high - low)
+
+    @property
+    def measured(self) -> bool:
+        """Whether it was measured (a described or assumed link has no points)."""
+        return bool(self.points)
 
 
 @dataclass(frozen=True)

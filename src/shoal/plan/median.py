@@ -89,9 +89,11 @@ def median_network(networks: list[Network]) -> Network:
 
 
 def median_link(links: list[Link]) -> Link:
+    """The median link; priced through its points (as format-2 profiles were) only when every profile's was."""
     points = median_of([dict(link.points) for link in links])
     return Link(latency=median_of([link.latency for link in links]),
-                bandwidth=median_of([link.bandwidth for link in links]), points=tuple(sorted(points.items())))
+                bandwidth=median_of([link.bandwidth for link in links]), points=tuple(sorted(points.items())),
+                interpolated=all(link.interpolated for link in links))
 
 
 def median_of(values: list):

@@ -4,9 +4,10 @@ Two ranks, started on two hosts through the cluster's remote command (`ssh {host
 this machine, time all-reduces and point-to-point messages (a ping-pong as a trainer and its server
 exchange, halved; left out when no parameter server is planned) at a few sizes, each after a compute
 burst as a training step would send them, and compare the hosts' speed.
-A straight line through each set of points gives the link as the planner prices it: a fixed cost
-per message (the wire's latency plus the software's per-message work) and a bandwidth. Rank 0
-prints the measurements as one JSON line.
+A straight line through each set of points (least squares over the sizes, from a few pages to twice
+the model's bytes) gives the link as the planner prices it: a fixed cost per message (the wire's
+latency plus the software's per-message work, a waiting process woken among it) and the rate the
+exchange reached. Rank 0 prints the measurements as one JSON line.
 
     python -m shoal.plan.network_probe --rank R --address HOST0 --peer OTHER --port P   # on each host
 """
@@ -182,13 +183,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def fit(points: dict, rounds_and_chunk) -> Link:
     """A link through measured (bytes -> seconds) points: seconds = rounds x (latency + chunk / bandwidth),
-    least squares; a fixed cost below zero (noise at small sizes) is taken as zero. Where the cost did not
-    grow with size (loopback, whose copies hide in the per-message work), the bandwidth is the largest
-    message's bytes over its seconds: what the link was seen to carry, not an unbounded guess."""
+    least squares over the sizes, which prices every exchange (a message's fixed cost and its bytes over the
+    rate apart); a fixed cost below zero (noise at small sizes) is taken as zero. Where the cost did not grow
+    with size (loopback, whose copies hide in the per-message work), the bandwidth is the largest message's
+    bytes over its seconds, what the link was seen to carry, not an unbounded guess, and the fixed cost the
+    least-squares one beside it. The per-message points are kept with the link, to show."""
     sizes = sorted(int(size) for size in points)
     rows = [rounds_and_chunk(size) for size in sizes]
-    design = np.array([[rounds, rounds * chunk] for rounds, chunk in rows])
-    seconds = np.array([points[size] if size in points else points[str(size)] for size in sizes])
+    design = np.array([[rounds, rounds * chunk] for rounds, chunk in rows], dtype=float)
+    seconds = np.array([points[size] if size in points else points[str(size)] for size in sizes], dtype=float)
     (latency, inverse_bandwidth), *_ = np.linalg.lstsq(design, seconds, rcond=None)
     if latency < 0:  # refit through the origin
         inverse_bandwidth = float(design[:, 1] @ seconds / (design[:, 1] @ design[:, 1]))
@@ -197,6 +200,8 @@ def fit(points: dict, rounds_and_chunk) -> Link:
     if inverse_bandwidth <= 0:
         largest, largest_seconds = per_message[-1]
         inverse_bandwidth = max(largest_seconds, 1e-9) / largest
+        left = seconds - design[:, 1] * inverse_bandwidth  # what the bandwidth leaves to the fixed cost
+        latency = max(float(design[:, 0] @ left / (design[:, 0] @ design[:, 0])), 0.0)
     return Link(latency=float(latency), bandwidth=1.0 / float(inverse_bandwidth), points=per_message)
 
 

@@ -4,10 +4,11 @@ The user's first question before booking machines is "how many, which algorithm,
 The planner predicts every (node count, algorithm) pair for the job's model and data, finds for
 each node count the smallest dataset at which it beats the count below it (the Parallel SGD
 study's crossover), and recommends the smallest cluster within a tenth of the fastest job, with
-its reason in one line. On machines of different speeds each algorithm is a series twice over,
-with equal shares and with speed shares, so the recommendation says which to set. When exact sync
-would wait on the link longer than it computes, a second line names the compression that helps,
-with the epoch of each beside exact's.
+its reason in one line: one machine, said plainly, when no layout of several machines is faster
+than one machine's by more than that tenth on the same rows. On machines of different speeds each
+algorithm is a series twice over, with equal shares and with speed shares, so the recommendation
+says which to set. When exact sync would wait on the link longer than it computes, a second line
+names the compression that helps, with the epoch of each beside exact's.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class Plan:
     speeds: tuple[float, ...] = ()
     """Each machine's speed against the profile's, in rank order (a plan of N nodes takes the first N); empty
     when every machine is the profile's."""
+    one_machine: Prediction | None = None
+    """The fastest job on one machine (the first), on the same rows: what several machines must beat."""
 
     def speedup(self, prediction: Prediction) -> float:
         return self.baseline[prediction.label] / prediction.job_seconds
@@ -76,7 +79,8 @@ class Plan:
                 "crossovers": {name: {str(n): rows for n, rows in found.items()}
                                for name, found in self.crossovers.items()},
                 "recommendation": self.recommendation, "compression": self.compression, "pace_range": self.pace_range,
-                "machine_speeds": list(self.speeds)}
+                "machine_speeds": list(self.speeds),
+                "one_machine": None if self.one_machine is None else asdict(self.one_machine)}
 
 
 def usable(shape: Shape, layout: Layout) -> bool:
@@ -99,7 +103,8 @@ def make_plan(shapes: list[Shape], nodes: list[int], per_node: int, profile: Pro
                            profile.compute, profile.network)
                    for shape in shapes for count in nodes if usable(shape, Layout(count, per_node))
                    for balance in balances]
-    plan = Plan(predictions, pace_range=profile.compute.pace_range, speeds=tuple(speeds))
+    plan = Plan(predictions, pace_range=profile.compute.pace_range, speeds=tuple(speeds),
+                one_machine=one_machine(predictions, shapes, per_node, profile, speeds))
     for series in dict.fromkeys(p.label for p in predictions):
         own = [p for p in predictions if p.label == series]
         plan.baseline[series] = own[0].job_seconds
@@ -110,10 +115,24 @@ def make_plan(shapes: list[Shape], nodes: list[int], per_node: int, profile: Pro
     return plan
 
 
+def one_machine(predictions: list[Prediction], shapes: list[Shape], per_node: int, profile: Profile,
+                speeds: tuple[float, ...] = ()) -> Prediction | None:
+    """The fastest job on one machine: among the plan's own, else predicted for it (`--nodes` without 1)."""
+    own = [p for p in predictions if p.nodes == 1]
+    if not own:
+        layout = first_machines(1, per_node, speeds)
+        own = [predict(shape, layout, profile.compute, profile.network) for shape in shapes if usable(shape, layout)]
+    return min(own, key=lambda p: p.job_seconds, default=None)
+
+
 def recommend(plan: Plan, shapes: list[Shape], per_node: int, profile: Profile) -> str:
-    """The smallest cluster within CLOSE_ENOUGH of the fastest job, its algorithm (and shares), and a batch size."""
+    """One machine when no layout of several beats it by CLOSE_ENOUGH; else the smallest cluster within
+    CLOSE_ENOUGH of the fastest job, its algorithm (and shares), and a batch size."""
+    single = plan.one_machine
+    several = min((p for p in plan.predictions if p.nodes > 1), key=lambda p: p.job_seconds, default=None)
+    if single is not None and (several is None or single.job_seconds <= several.job_seconds * CLOSE_ENOUGH):
+        return "one machine: " + one_machine_text(plan, single, several, shapes, per_node, profile)
     fastest, chosen = fastest_and_chosen(plan)
-    shape = dataclasses.replace({name(s): s for s in shapes}[chosen.algorithm], balance=chosen.balance or "equal")
     smallest = min(p.nodes for p in plan.predictions)
     if chosen.nodes != smallest:
         reason = f"{plan.speedup(chosen):.1f}x faster than {smallest} node(s)"
@@ -122,6 +141,30 @@ def recommend(plan: Plan, shapes: list[Shape], per_node: int, profile: Profile) 
     if chosen is not fastest:
         reason += (f"; {fastest.nodes} node(s) with {shares_text(fastest)} would save only "
                    f"{1 - fastest.job_seconds / chosen.job_seconds:.0%} of the job's time")
+    return cluster_text(chosen, reason, shapes, per_node, plan, profile)
+
+
+def one_machine_text(plan: Plan, single: Prediction, several: Prediction | None, shapes: list[Shape],
+                     per_node: int, profile: Profile) -> str:
+    """Why one machine: the fastest layout of several machines, and its job time against one machine's."""
+    if several is None:
+        reason = "no layout of several machines was planned"
+    else:
+        reason = (f"no layout of several machines is over {CLOSE_ENOUGH - 1:.0%} faster (the fastest, "
+                  f"{several.nodes} node(s) with {shares_text(several)}, takes {job_text(several)} against "
+                  f"{job_text(single)})")
+    return cluster_text(single, reason, shapes, per_node, plan, profile)
+
+
+def job_text(prediction: Prediction) -> str:
+    return f"{prediction.job_seconds:.3g} s"
+
+
+def cluster_text(chosen: Prediction, reason: str, shapes: list[Shape], per_node: int, plan: Plan,
+                 profile: Profile) -> str:
+    """`N node(s) x W worker(s), algorithm, batch B: reason`, with a larger batch where communication is over
+    COMMUNICATION_BOUND of the epoch."""
+    shape = dataclasses.replace({name(s): s for s in shapes}[chosen.algorithm], balance=chosen.balance or "equal")
     batch = shape.batch
     if chosen.communication_share > COMMUNICATION_BOUND:
         batch = larger_batch(shape, first_machines(chosen.nodes, per_node, plan.speeds), profile) or batch

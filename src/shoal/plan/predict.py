@@ -5,9 +5,11 @@ exchange of the gradients every step, in buckets, compressed and overlapped with
 as its options say (shoal.plan.exchange); averaging and synchronous EASGD an all-reduce of the
 weights every period (compressed, as `algorithm.compression` says), within groups every group
 period; Downpour and asynchronous EASGD a message to the server and a reply every `sync_every` (or
-`period`) steps, the server being a queue its trainers share. An epoch is `steps x per-step cost +
-per-epoch cost`, so the same numbers give the table's epoch and the straight line in dataset size
-whose crossings are the cluster sizes worth paying for.
+`period`) steps, the server being a queue its trainers share. Every message of these costs the link's
+latency and its bytes over the link's rate (shoal.plan.costs.Link), so many small messages pay their
+count and few large ones their bytes. An epoch is `steps x per-step cost + per-epoch cost`, so the
+same numbers give the table's epoch and the straight line in dataset size whose crossings are the
+cluster sizes worth paying for.
 
 Machines may differ (`Layout.speeds`): with equal shares the slowest trainer sets the epoch's pace
 (rows / trainers at its rate), with speed shares (cluster.balance = "speed") every trainer's share
@@ -35,6 +37,10 @@ from shoal.plan.exchange import (
 from shoal.plan.profile import Compute, Network
 
 VALUE_BYTES = 4  # float32 on the wire
+# Averaging's outer step (shoal.algorithms.outer), in passes over the parameters: the averaged change, its copy
+# into the stepped tensor, the momentum buffer (a multiply and an add), Nesterov's look-ahead, the step, the new
+# consensus, the anchor's copy and the weights written back; each priced as a copy of the parameters.
+OUTER_PASSES = 9
 HEADER_BYTES = 64  # a server message's header (shoal.cluster.messages)
 RENDEZVOUS_MESSAGES = 4  # store round trips each node makes to join
 # The coordinator's evaluation between epochs over the probe's, timed back to back: 1.07-1.67x (median 1.29) over
@@ -236,9 +242,11 @@ def sync_exchange(shape: Shape, layout: Layout, compute: Compute, network: Netwo
 
 
 def averaging_costs(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepCosts:
-    """Local steps; the weights (and float buffers) averaged every period, within groups every group period."""
+    """Local steps; the weights (and float buffers) averaged every period, within groups every group period; with
+    `outer`, each round across all workers also takes the outer optimizer's step (OUTER_PASSES over the parameters)."""
     values = shape.parameters + shape.buffers
-    return _rounds(shape, layout, compute, network, values, extra_copies=2)
+    outer = OUTER_PASSES * shape.parameters if shape.options.get("outer") else 0
+    return _rounds(shape, layout, compute, network, values, extra_copies=2, outer_values=outer)
 
 
 def elastic_costs(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepCosts:
@@ -249,18 +257,21 @@ def elastic_costs(shape: Shape, layout: Layout, compute: Compute, network: Netwo
 
 
 def _rounds(shape: Shape, layout: Layout, compute: Compute, network: Network, values: int,
-            extra_copies: int) -> StepCosts:
+            extra_copies: int, outer_values: int = 0) -> StepCosts:
     """Rounds across all workers every `period` steps (or once an epoch), and within groups every
-    `group_period`: their cost spread over the steps between them."""
+    `group_period`: their cost spread over the steps between them. `outer_values`: numbers a round across all
+    workers also reads and writes once each, priced as copies (averaging's outer step)."""
     step = compute.step(shape.batch)
-    if layout.workers <= 1:
-        return StepCosts(compute=step)
+    period, group_period = shape.options.get("period", "epoch"), shape.options.get("group_period")
+    if layout.workers <= 1:  # no exchange; an outer step all the same
+        outer = copy_seconds(compute, outer_values)
+        return StepCosts(compute=step, epoch_compute=outer) if period == "epoch" else \
+            StepCosts(compute=step + outer / period)
     size = values * VALUE_BYTES
     sizes = round_payloads(shape, values)  # a round across all workers, compressed as the job says
     round_seconds = sum(ring(part, layout, network) for part in sizes)
     round_copies = extra_copies * copy_seconds(compute, values)
     sent = sum(ring_all_reduce(part, layout.workers).bytes_sent for part in sizes)
-    period, group_period = shape.options.get("period", "epoch"), shape.options.get("group_period")
     if group_period is not None:
         inside = Layout(1, max(1, layout.workers // max(1, group_count(shape, layout))))
         group_round = ring(size, inside, network) if layout.per_node >= inside.per_node else round_seconds
@@ -271,6 +282,7 @@ def _rounds(shape: Shape, layout: Layout, compute: Compute, network: Network, va
         communication = 0.0
     # each round's barrier waits for the slowest worker's steps since the last: a whole epoch's, once an epoch
     wait = spread(compute, layout.workers, epoch_steps(shape, layout) if period == "epoch" else period)
+    round_copies += copy_seconds(compute, outer_values)
     if period == "epoch":
         return StepCosts(compute=step, communication=communication,
                          epoch_compute=round_copies + compute.resume(round_seconds + wait),

@@ -19,7 +19,10 @@ from shoal.durable import write_bytes_durably
 from shoal.errors import ConfigError
 from shoal.plan.costs import Link
 
-FORMAT = 2  # 1 kept one loop factor for every batch size
+FORMAT = 3
+# 2 priced a measured link through its points (the line only beyond them): still read, and priced so; 1 kept one
+# loop factor for every batch size
+INTERPOLATED = 2
 
 
 @dataclass
@@ -120,6 +123,11 @@ class Network:
     def message(self) -> Link:
         return self.message_across or self.across
 
+    @property
+    def interpolated(self) -> bool:
+        """Whether a link is priced through its measured points (a format-2 profile's), not by its line."""
+        return any(link is not None and link.interpolated for link in (self.across, self.inside, self.message_across))
+
 
 @dataclass
 class Profile:
@@ -148,12 +156,12 @@ def load_profile(path: Path) -> Profile:
 
 def profile_from(raw, path: Path) -> Profile:
     """A profile from its JSON data as read (`path` names where it came from in errors)."""
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        found = raw.get("format") if isinstance(raw, dict) else None
-        raise ConfigError(f"{path}: format: expected {FORMAT}, got {found!r} (a profile written by this shoal's "
-                          "plan --save-profile; an older one is measured again without --profile)")
+    found = raw.get("format") if isinstance(raw, dict) else None
+    if isinstance(found, bool) or found not in (FORMAT, INTERPOLATED):
+        raise ConfigError(f"{path}: format: expected {FORMAT} (or {INTERPOLATED}), got {found!r} (a profile written "
+                          "by this shoal's plan --save-profile; an older one is measured again without --profile)")
     return Profile(machine=_section(path, raw, "machine", dict), compute=_compute(path, raw.get("compute")),
-                   network=_network(path, raw.get("network")))
+                   network=_network(path, raw.get("network"), interpolated=found == INTERPOLATED))
 
 
 def _section(path: Path, raw: dict, key: str, kind: type):
@@ -169,7 +177,8 @@ def _number(path: Path, key: str, value, minimum: float = 0.0) -> float:
     return float(value)
 
 
-def _link(path: Path, key: str, raw) -> Link:
+def _link(path: Path, key: str, raw, interpolated: bool = False) -> Link:
+    """A link; `interpolated`: read from a format-2 profile, priced through its measured points as it was then."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: {key}: expected {{latency, bandwidth}}")
     bandwidth = _number(path, f"{key}.bandwidth", raw.get("bandwidth"), minimum=1.0)
@@ -178,18 +187,24 @@ def _link(path: Path, key: str, raw) -> Link:
         raise ConfigError(f"{path}: {key}.points: expected [[bytes, seconds], ...]")
     measured = tuple(sorted((int(_number(path, f"{key}.points", size)), _number(path, f"{key}.points", seconds))
                             for size, seconds in points))
-    return Link(latency=_number(path, f"{key}.latency", raw.get("latency")), bandwidth=bandwidth, points=measured)
+    through = raw.get("interpolated", interpolated)
+    if not isinstance(through, bool):
+        raise ConfigError(f"{path}: {key}.interpolated: expected true or false, got {through!r}")
+    return Link(latency=_number(path, f"{key}.latency", raw.get("latency")), bandwidth=bandwidth, points=measured,
+                interpolated=through and bool(measured))
 
 
-def _network(path: Path, raw) -> Network | None:
+def _network(path: Path, raw, interpolated: bool = False) -> Network | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: network: expected a table")
     message = raw.get("message_across")
-    return Network(across=_link(path, "network.across", raw.get("across")),
-                   inside=_link(path, "network.inside", raw.get("inside")), source=str(raw.get("source", "?")),
-                   message_across=None if message is None else _link(path, "network.message_across", message),
+    return Network(across=_link(path, "network.across", raw.get("across"), interpolated),
+                   inside=_link(path, "network.inside", raw.get("inside"), interpolated),
+                   source=str(raw.get("source", "?")),
+                   message_across=None if message is None else _link(path, "network.message_across", message,
+                                                                     interpolated),
                    slowest_host=_number(path, "network.slowest_host", raw.get("slowest_host", 1.0), minimum=0.01))
 
 

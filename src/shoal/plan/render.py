@@ -32,11 +32,14 @@ def render(plan: Plan, profile: Profile, per_node: int) -> str:
     lines = [f"compute: {compute.parameters:,} parameters, {compute.threads} thread(s) per worker, "
              f"start-up {compute.startup_seconds:.1f} s (measured on {profile.machine.get('host', '?')})",
              f"network: {network.source}: {link_text(network.across)}"]
+    if network.interpolated:
+        lines.append("note: a profile of format 2, whose measured links are priced through their points as they were "
+                     "then; measure again (without --profile) to price each message's latency and bytes apart")
     if plan.pace_range > UNSTEADY:
         lines.append(f"unsteady: a step took up to {plan.pace_range:.2f}x its fastest time while this machine was "
                      "measured; epochs will move as much (plan from profiles saved apart: --profile repeated)")
     if per_node > 1:
-        lines.append(f"loopback: {'measured' if network.inside.points else 'assumed'}: {link_text(network.inside)}")
+        lines.append(f"loopback: {'measured' if network.inside.measured else 'assumed'}: {link_text(network.inside)}")
     if plan.speeds:
         lines.append(f"machines: {machines_text(plan.speeds)} (each one's speed against the profile's machine, "
                      "in rank order: N nodes are the first N)")

@@ -318,8 +318,11 @@ def _found(path: Path) -> tuple[Found | None, str]:
     coordinator, problem = _load(path / COORDINATOR_FILE)
     if coordinator is None:
         return None, problem
+    epoch = coordinator.get("epoch") if isinstance(coordinator, dict) else None
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        return None, f"{shown(path / COORDINATOR_FILE)}: not a coordinator's record (no epoch number)"
     save = coordinator.pop(SAVE_KEY, None)
-    return Found(path, int(coordinator["epoch"]), coordinator, save), ""
+    return Found(path, epoch, coordinator, save), ""
 
 
 def held_saves(run_dir: Path, rank: int, fits: Fits | None = None) -> dict[int, str | None]:

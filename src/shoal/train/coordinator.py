@@ -168,6 +168,7 @@ class Coordinator:
         if shares is not None:
             record.balance = shares.mode
             record.next_shares = list(shares.moved) if shares.moved else None
+            record.taken_back = True if shares.taken_back else None
         if reports is not None:
             add_reports(record, reports, self.job.train.step is not None)
         self.events.write(record)
@@ -223,11 +224,13 @@ def add_reports(record: EpochEnd, reports: list[dict], stepped: bool) -> None:
 
 @dataclasses.dataclass
 class Shares:
-    """How the epoch's rows were shared: cluster.balance's mode, each trainer's rows, the next epoch's if moved."""
+    """How the epoch's rows were shared: cluster.balance's mode, each trainer's rows, the next epoch's if moved,
+    and whether that move takes back the one before (it did not shorten the epoch)."""
 
     mode: str
     rows: tuple[int, ...]
     moved: tuple[int, ...] | None = None
+    taken_back: bool = False
 
 
 def epoch_record(epoch: int, step: int, per_rank: list[EpochStats], ranks: list[int], hosts: list[str], test: dict,

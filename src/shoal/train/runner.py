@@ -132,7 +132,8 @@ class Runner:
         self.trainers = trainer_ranks(self.algorithm, info.world_size)
         self.role = role(self.algorithm, info.rank, info.world_size)
         self.balancer = Balancer(job.cluster.balance, self.prepared.train_set.rows, len(self.trainers),
-                                 job.train.batch_size, self.algorithm.same_steps())
+                                 job.train.batch_size, self.algorithm.same_steps(),
+                                 hosts=[self.hosts[rank] for rank in self.trainers])
         self.algorithm.weigh_by_rows = self.balancer.mode != "equal"
         self.plan = self.balancer.plan  # the plan the loader and the algorithm follow now
         self.steps = self.plan.nominal
@@ -303,7 +304,8 @@ class Runner:
         gathered = self.comm.all_gather(stats.as_tensor())
         per_rank = [EpochStats.from_tensor(gathered[rank]) for rank in self.trainers]
         shares = self.plan.shares
-        moved = self.balancer.observe(per_rank)  # before the checkpoint, which holds the next epoch's shares
+        # before the checkpoint, which holds the next epoch's shares; a process's first epoch judges no move
+        moved = self.balancer.observe(per_rank, warm=epoch > self.first_epoch)
         if self.schedule is not None:  # every rank steps with the same loss: the mean over all trainers
             self.schedule.after_epoch(sum(s.loss_sum for s in per_rank) / max(sum(s.rows for s in per_rank), 1))
         reason, reports = None, self.epoch_reports()
@@ -311,7 +313,8 @@ class Runner:
             self.enter("evaluating")
             record = self.coordinator.end_epoch(epoch, self.epoch_loop.global_step, per_rank, self.trainers,
                                                 [self.hosts[rank] for rank in self.trainers], self.algorithm,
-                                                Shares(self.balancer.mode, shares, moved and moved.shares), reports)
+                                                Shares(self.balancer.mode, shares, moved and moved.shares,
+                                                       self.balancer.taken_back), reports)
             reason = self.stopping.decide(epoch, epoch_metrics(record), self.algorithm.consensus)
             self.enter("ending the epoch")
         if self.stoppable and epoch + 1 < self.job.train.epochs:

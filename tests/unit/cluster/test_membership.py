@@ -59,9 +59,8 @@ def meet(port: int, minimum: int, maximum: int, opened: list, rejoin: float = 0.
 def follow_into_first_attempt(pool, leader: ElasticMeeting, port: int, maximum: int, opened: list,
                               rejoin: float = 0.5) -> ElasticMeeting:
     """A second machine meets the leader and both begin attempt 0; returns the follower."""
-    follower = pool.submit(meet, port, 1, maximum, opened, rejoin)
+    follower = meet(port, 1, maximum, opened, rejoin)  # met (greeted and claimed) before the leader's wait starts
     first = pool.submit(leader.begin, 0)
-    follower = follower.result(WAIT)
     follower.begin(0)
     first.result(WAIT)
     return follower

@@ -12,8 +12,15 @@ def test_a_link_charges_latency_plus_bytes_over_bandwidth():
     assert link.seconds(125_000) == pytest.approx(1e-4 + 1e-3)
 
 
-def test_a_measured_link_interpolates_its_points_and_adds_bandwidth_beyond_them():
-    link = Link(latency=0.0, bandwidth=1e6, points=((1000, 0.002), (3000, 0.004)))
+def test_a_measured_link_is_priced_by_its_line_not_its_points():
+    link = Link(latency=1e-3, bandwidth=1e6, points=((1000, 0.002), (3000, 0.004)))
+    assert link.seconds(500) == pytest.approx(1e-3 + 500 / 1e6)
+    assert link.seconds(2000) == pytest.approx(1e-3 + 2000 / 1e6)
+    assert link.measured and not Link(1e-3, 1e6).measured
+
+
+def test_a_format_2_link_interpolates_its_points_and_adds_bandwidth_beyond_them():
+    link = Link(latency=0.0, bandwidth=1e6, points=((1000, 0.002), (3000, 0.004)), interpolated=True)
     assert link.seconds(500) == 0.002  # below the smallest point: the smallest point's time
     assert link.seconds(2000) == pytest.approx(0.003)
     assert link.seconds(5000) == pytest.approx(0.004 + 2000 / 1e6)

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from shoal.plan.calibrate import described_network, reached_share
-from shoal.plan.network_probe import fit
+from shoal.plan.network_probe import fit, links, probe_sizes
 from shoal.plan.render import link_text
 
 
@@ -24,6 +24,26 @@ def test_points_on_a_line_give_its_fixed_cost_and_bandwidth():
     assert [size for size, _ in link.points] == [4096, 65536, 1_000_000]
 
 
+def test_probed_all_reduces_and_round_trips_give_each_messages_latency_and_the_rate_reached():
+    """As the probe reports them: a 2-rank all-reduce of B bytes is 2 messages of B/2 (2 ms at 4 kB: 1 ms each,
+    a slow wake-up's), a message half a round trip; sizes from a small one to twice the model's."""
+    sizes = probe_sizes(127_240)
+    assert sizes[0] == 4096 and sizes[-1] == 2 * 127_240 and len(sizes) >= 2
+    latency, rate = 1e-3, 55e6  # 1 Gbit/s, 55% of it reached
+    results = {"loaded_all_reduce": {str(size): 2 * (latency + size / 2 / rate) for size in sizes},
+               "loaded_message": {str(size): 0.4e-3 + size / 90e6 for size in sizes}, "pace": 1.0}
+    ring, message = links(results)
+    assert ring.latency == pytest.approx(latency) and ring.bandwidth == pytest.approx(rate)
+    assert message.latency == pytest.approx(0.4e-3) and message.bandwidth == pytest.approx(90e6)
+    assert ring.seconds(10_000) == pytest.approx(latency + 10_000 / rate)
+
+
+def test_noisy_times_are_fitted_by_least_squares():
+    noise = {4096: 1e-5, 65536: -2e-5, 262144: 1.5e-5, 1_000_000: -0.5e-5}
+    link = fit({size: 2e-3 + size / 1e8 + noise[size] for size in noise}, one_message)
+    assert link.latency == pytest.approx(2e-3, rel=0.02) and link.bandwidth == pytest.approx(1e8, rel=0.02)
+
+
 def test_a_fixed_cost_below_zero_is_refitted_through_the_origin():
     link = fit({1000: 1e-6, 2000: 3e-6}, one_message)  # the line through both crosses at -1 us
     assert link.latency == 0.0
@@ -34,8 +54,9 @@ def test_a_cost_that_does_not_grow_with_size_gives_the_bandwidth_the_largest_mes
     # loopback on a busy 2-core machine: the larger message came back no slower than the smaller
     link = fit({65536: 1.9e-3, 262144: 1.8e-3}, one_message)
     assert link.bandwidth == pytest.approx(262144 / 1.8e-3)
-    assert link.seconds(262144) == pytest.approx(1.8e-3)  # measured points are still priced as measured
-    assert link.seconds(2 * 262144) == pytest.approx(2 * 1.8e-3)  # beyond them, that bandwidth adds
+    # the fixed cost is the least-squares one beside that bandwidth: what it leaves of 1.9 ms and 0 ms, averaged
+    assert link.latency == pytest.approx((1.9e-3 - 65536 / link.bandwidth) / 2)
+    assert link.seconds(262144) == pytest.approx(link.latency + 1.8e-3)  # priced by the line, not the points
     assert "1,165.1 Mbit/s" in link_text(link)
 
 

@@ -39,6 +39,40 @@ def test_a_profile_saved_before_the_pace_range_reads_as_a_steady_machine(tmp_pat
     assert load_profile(path).compute.pace_range == 1.0
 
 
+def test_a_profile_saved_before_latency_and_rate_were_priced_apart_is_priced_as_it_was(tmp_path):
+    """Format 2 priced a measured link through its points: read, it still is, and the plan says so; saved again
+    it stays so. A new profile prices its measured links by their line."""
+    from shoal.plan.planner import make_plan
+    from shoal.plan.predict import Shape
+    from shoal.plan.render import render
+
+    raw = json.loads(profile().to_json())
+    raw["format"] = 2
+    for link in raw["network"].values():
+        if isinstance(link, dict):
+            del link["interpolated"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(raw))
+    read = load_profile(old)
+    across = read.network.across
+    assert across.interpolated and not read.network.inside.interpolated  # loopback had no points
+    assert across.seconds(4096) == pytest.approx(2e-4) and across.seconds(35_000) == pytest.approx(5e-4, rel=0.01)
+    read.save(tmp_path / "again.json")
+    assert load_profile(tmp_path / "again.json").network.across.interpolated
+    fresh = load_profile(_saved(tmp_path, profile()))
+    assert not fresh.network.across.interpolated
+    assert fresh.network.across.seconds(4096) == pytest.approx(1e-4 + 4096 / 1.25e8)
+    shape = Shape(parameters=10, buffers=0, rows=1000, test_rows=0, batch=32, epochs=1, eval_every=1,
+                  algorithm="sync", options={})
+    assert "note: a profile of format 2" in render(make_plan([shape], [1, 2], 1, read), read, 1)
+    assert "note:" not in render(make_plan([shape], [1, 2], 1, fresh), fresh, 1)
+
+
+def _saved(folder, found: Profile):
+    found.save(folder / "new.json")
+    return folder / "new.json"
+
+
 def test_steps_are_interpolated_between_measured_batches_and_extended_beyond():
     compute = dataclasses.replace(profile().compute, loop_factors={})
     assert compute.step(64) == pytest.approx(0.001 + 32 * (0.002 / 96))
@@ -68,7 +102,7 @@ def test_the_cost_of_resuming_rises_with_the_wait_and_stops_at_the_longest_measu
     (lambda raw: raw["compute"].update(resume_seconds={"-1": 1.0}), "compute.resume_seconds: each seconds idle"),
     (lambda raw: raw["compute"].update(resume_seconds={"0.1": -1.0}), "compute.resume_seconds.0.1"),
     (lambda raw: raw.update(format=7), "format"),
-    (lambda raw: raw.update(format=1), "format: expected 2, got 1"),
+    (lambda raw: raw.update(format=1), "format: expected 3 \\(or 2\\), got 1"),
     (lambda raw: raw["compute"].update(loop_factors=[1.0]), "compute.loop_factors"),
     (lambda raw: raw["compute"].update(loop_factors={"128": 0}), "compute.loop_factors.128"),
     (lambda raw: raw["compute"].update(update_seconds=-1), "compute.update_seconds"),

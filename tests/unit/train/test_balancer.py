@@ -24,9 +24,11 @@ from tests.support.shares import numbered
 ROWS, BATCH, TRAINERS = 1200, 10, 3
 
 
-def figures(shares, rates) -> list[EpochStats]:
-    """Each worker's epoch at the given rate: its share's rows over compute and data seconds (half each)."""
-    return [EpochStats(rows=float(rows), compute=rows / speed / 2, data=rows / speed / 2, steps=1.0)
+def figures(shares, rates, seconds: float | None = None) -> list[EpochStats]:
+    """Each worker's epoch at the given rate: its share's rows over compute and data seconds (half each); the
+    epoch lasts `seconds` on every worker (the others wait for the slowest), by default the slowest's work."""
+    length = max(rows / speed for rows, speed in zip(shares, rates)) if seconds is None else seconds
+    return [EpochStats(rows=float(rows), compute=rows / speed / 2, data=rows / speed / 2, steps=1.0, seconds=length)
             for rows, speed in zip(shares, rates, strict=True)]
 
 
@@ -137,7 +139,7 @@ def test_the_moving_rate_weighs_the_newest_epoch_by_the_smoothing(same_steps):
     expected = [SMOOTHING * n + (1 - SMOOTHING) * o for n, o in zip(new, old)]
     assert expected != new and expected != old  # a moving figure, neither the old nor the newest
     shares = list(balancer.plan.shares)
-    moved = balancer.observe(figures(shares, new))
+    moved = balancer.observe(figures(shares, new, seconds=300.0))  # shorter than the 400 s before: the move stays
     assert balancer.rates == pytest.approx(expected, rel=1e-12)
     target = proportional(ROWS, expected, minimum(balancer))
     assert busiest(target, expected) < (1 - TOLERANCE) * busiest(shares, expected)  # far enough to move

@@ -16,9 +16,10 @@ so every key below lives under a name only the job's secret computes and every v
 (shoal.cluster.store.Sealed): a random secret on a single machine, `--secret-file`, SHOAL_JOB_SECRET or
 `--rdzv-id` across machines, or the one a `--hosts` head hands its nodes on their input; machines
 started by hand with none are refused unless the user says `--insecure`. The leader draws a fresh
-instance for the job and publishes it sealed; every other value is sealed over it, so a machine proves
-it holds the secret with its claim and with each attempt's `joined` (bound to the instance and the
-attempt) before the leader counts it, and nothing recorded from another job is believed. The secret
+instance for the job and tells it to each machine that joins, in answer to that machine's own nonce
+(shoal.cluster.node.greeting); every other value is sealed over it, so a machine proves it holds the
+secret with its claim and with each attempt's `joined` (bound to the instance and the attempt) before the
+leader counts it, and nothing recorded from another job is believed. The secret
 itself is never stored, written or sent. Node 0's store listens on loopback when the endpoint is a
 loopback address.
 
@@ -47,6 +48,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 from shoal.cluster import keys
 from shoal.cluster import store as stores
 from shoal.cluster.interface import local_addresses
+from shoal.cluster.node.greeting import Greeter, greet
 from shoal.config import DEFAULT_PORT
 from shoal.errors import ConfigError, WorkerError, first_line
 from shoal.events import WorkerFailed
@@ -132,18 +134,37 @@ def resolve(host: str) -> str:
 
 
 def read_secret(path: Path) -> str:
-    """The job's secret from a file only its owner may read (--secret-file)."""
+    """The job's secret from a file only its owner may read (--secret-file): its text, or the hex of its bytes
+    when they are not text (`head -c 32 /dev/urandom`). Nothing of its content shows in an error."""
     try:
         mode = os.stat(path).st_mode
-        text = Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"--secret-file: cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+        raw = Path(path).read_bytes().strip()
+    except OSError as error:
+        raise ConfigError(f"--secret-file: cannot read {path}: {error.strerror or error}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(f"--secret-file: {path} may be read by others (mode {stat.S_IMODE(mode):o}); "
                           f"chmod 600 {path}")
-    if not text:
+    if not raw:
         raise ConfigError(f"--secret-file: {path} is empty")
-    return text
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.hex()
+    return check_strength(text, f"--secret-file {path}")
+
+
+MINIMUM_SECRET = 16
+"""Characters a secret given by hand must have: the store's key names are HMACs of it that anyone may list, so a
+short one (a word, a job's name) is guessed offline in moments."""
+
+
+def check_strength(secret: str, source: str) -> str:
+    """`secret` as given by `source` (an option or variable), or a ConfigError when it is too short to guess."""
+    if len(secret) < MINIMUM_SECRET:
+        raise ConfigError(f"{source}: the job's secret has {len(secret)} characters, too few to keep anyone who "
+                          f"reaches the job's store from guessing it; give {MINIMUM_SECRET} or more random ones "
+                          "(openssl rand -hex 16)")
+    return secret
 
 
 def job_secret(nodes: Nodes) -> str:
@@ -182,6 +203,7 @@ class Meeting:
         self.endpoint_host, self.port = nodes.address()
         self.secret = job_secret(nodes)
         self.instance = ""  # the job's instance, drawn by the leader: set by _open
+        self.greeter: Greeter | None = None  # the leader's answers to machines that join
         self.worker_store: stores.Sealed | None = None  # the leader's store for attempt n's workers
         self.store, self.node_rank, self.bind, self.port = self._open()
         self.leader = self.node_rank == 0
@@ -202,7 +224,9 @@ class Meeting:
             try:
                 server = stores.Bounded(stores.serve(bind, self.port))
                 self.instance = secrets.token_hex(16)  # every value of this job is sealed over it
-                stores.Sealed(server, self.secret).set(keys.INSTANCE, self.instance)
+                introduction = stores.Sealed(server, self.secret)
+                introduction.set(keys.INSTANCE, "a shoal job")  # what tells a machine with another secret so
+                self.greeter = Greeter(introduction, self.instance)
                 server.set(keys.PUBLIC, "1")
                 return stores.Sealed(server, self.secret, self.instance), 0, bind, server.port
             except (OSError, RuntimeError) as error:
@@ -220,7 +244,7 @@ class Meeting:
         if not introduction.check([keys.INSTANCE]):  # set before the public key: this job's secret is not ours
             raise ConfigError(f"--rdzv-endpoint: {host}:{self.port} holds a shoal job with another secret "
                               "(--secret-file, SHOAL_JOB_SECRET or --rdzv-id)")
-        self.instance = introduction.get(keys.INSTANCE).decode()
+        self.instance = greet(introduction, deadline, f"{host}:{self.port}")  # the live one, not a recorded one
         store = stores.Sealed(server, self.secret, self.instance)
         rank = nodes.rank if nodes.rank is not None else store.add(keys.NEXT_NODE, 1)
         if rank >= self.count and not self.nodes.elastic:  # an elastic job numbers every arrival
@@ -381,6 +405,8 @@ class Meeting:
         return f"{self.instance}/attempt/{attempt}"
 
     def close(self) -> None:
+        if self.greeter is not None:
+            self.greeter.stop()
         self.worker_store = None
         self.store = None
 
