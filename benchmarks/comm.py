@@ -42,7 +42,7 @@ import tomli_w
 from tests.cluster.hosts import EmulatedCluster, missing_requirements
 from tests.cluster.jobs import start_on_hosts
 
-from benchmarks.comm_models import COMPRESSIONS, MODELS, parameters, step_bytes, wire_seconds
+from benchmarks.comm_models import COMM_MODELS, COMPRESSIONS, MODELS, parameters, step_bytes, wire_seconds
 from benchmarks.common import ROOT, WORK, epoch_seconds, machine, machine_line, median, write_result
 from shoal.data.synthetic import synth_digits
 from shoal.errors import ConfigError
@@ -82,8 +82,9 @@ def prepare_data(args: argparse.Namespace) -> dict[str, Path]:
 
 
 def write_job(folder: Path, name: str, model: str, train: Path, test: Path, args: argparse.Namespace,
-              compression: str = "none") -> Path:
-    algorithm = {"name": "sync"}
+              compression: str = "none", algorithm_name: str = "sync") -> Path:
+    """The job of one run: `algorithm_name` with its defaults (sync: with `compression`)."""
+    algorithm = {"name": algorithm_name}
     if compression == OVERLAPPED:
         algorithm["overlap"], compression = True, "none"
     if compression != "none":  # none is the default: the job runs on a shoal without the option too
@@ -157,8 +158,9 @@ def shoal_figures(history: History) -> dict:
             "train_loss": [epoch.train_loss for epoch in epochs]}
 
 
-def shoal_run(cluster: EmulatedCluster, job: Path, name: str, hosts: int) -> dict:
-    """`shoal train` on one host alone (the floor) or on both, as the README's Many machines section says."""
+def shoal_run(cluster: EmulatedCluster, job: Path, name: str, hosts: int, figures=shoal_figures) -> dict:
+    """`shoal train` on one host alone (the floor) or on both, as the README's Many machines section says; what
+    `figures` makes of its events."""
     run_dir = cluster.shared / name
     launchers = start_on_hosts(cluster, str(job), run_dir, environment(), hosts)
     codes = wait(cluster, launchers)
@@ -166,17 +168,18 @@ def shoal_run(cluster: EmulatedCluster, job: Path, name: str, hosts: int) -> dic
         logs = [cluster.shared / f"{name}-host{host}.log" for host in range(hosts)]
         keep_logs(logs)
         return {"error": failure(codes, logs)}
-    return shoal_figures(read_history(run_dir))
+    return figures(read_history(run_dir))
 
 
 def ddp_run(cluster: EmulatedCluster, hook: str, model: str, data: dict[str, Path], args: argparse.Namespace,
-            name: str, port: int) -> dict:
-    """benchmarks/comm_ddp.py on both hosts; rank 0's timings and accuracy, or the first error a rank wrote."""
-    outputs = [cluster.shared / f"{name}-rank{host}.json" for host in range(WORKERS)]
-    logs = [cluster.shared / f"{name}-host{host}.log" for host in range(WORKERS)]
+            name: str, port: int, hosts: int = WORKERS) -> dict:
+    """benchmarks/comm_ddp.py on the first `hosts` hosts; rank 0's timings and accuracy, or the first error a
+    rank wrote."""
+    outputs = [cluster.shared / f"{name}-rank{host}.json" for host in range(hosts)]
+    logs = [cluster.shared / f"{name}-host{host}.log" for host in range(hosts)]
     launchers = []
-    for host in range(WORKERS):
-        command = [sys.executable, "-m", "benchmarks.comm_ddp", "--rank", str(host), "--world-size", str(WORKERS),
+    for host in range(hosts):
+        command = [sys.executable, "-m", "benchmarks.comm_ddp", "--rank", str(host), "--world-size", str(hosts),
                    "--address", cluster.address(0), "--port", str(port), "--interface", "eth0", "--model", model,
                    "--train", str(data["train"]), "--test", str(data["test"]), "--epochs", str(args.epochs),
                    "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--momentum", str(args.momentum),
@@ -353,7 +356,7 @@ def choices(text: str, allowed, option: str) -> list[str]:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(MODELS), help=f"some of {', '.join(MODELS)}")
+    parser.add_argument("--models", default=",".join(COMM_MODELS), help=f"some of {', '.join(MODELS)}")
     parser.add_argument("--links", default=",".join(LINKS), help="link rates in tc's spelling (1gbit, 100mbit)")
     parser.add_argument("--runs", default=",".join(RUNS), help=f"some of {', '.join(RUNS)}")
     parser.add_argument("--epochs", type=int, help="default 3 (--quick: 1)")

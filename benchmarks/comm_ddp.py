@@ -5,7 +5,9 @@ same layer list, benchmarks/comm_models.py), data, batch and optimizer. It uses 
 training code: each rank reads its contiguous 1/N share of the rows from shoal's dataset once (scaled as
 shoal's loader scales them), shuffles it every epoch and takes index slices of in-memory tensors; the
 gradients go through DDP's buckets, plain or through one of torch's communication hooks (fp16
-compression, PowerSGD). Each epoch is timed between two barriers; rank 0 then evaluates on the test set.
+compression, PowerSGD), or, with `--hook none` on one rank alone, straight to the optimizer: the hand-written
+single-process loop (benchmarks/step_cost.py's compute floor). Each epoch is timed between two barriers;
+rank 0 then evaluates on the test set.
 Every rank writes a JSON result; one that fails writes the error instead, so the baseline's failures (as
 PowerSGD's hook on gloo) are recorded rather than lost.
 """
@@ -32,7 +34,7 @@ from benchmarks.peer_ddp import ddp_epoch, share
 from shoal.data.format import open_dataset
 from shoal.data.loader import feature_scale
 
-HOOKS = ("plain", "fp16", "powersgd")
+HOOKS = ("plain", "fp16", "powersgd", "none")
 
 
 def tensors(path: str, start: int | None, stop: int | None, shape: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,7 +45,9 @@ def tensors(path: str, start: int | None, stop: int | None, shape: list[int]) ->
     return torch.from_numpy(scaled), torch.from_numpy(labels.astype(np.int64))
 
 
-def wrap(model: nn.Module, hook: str, rank: int) -> DistributedDataParallel:
+def wrap(model: nn.Module, hook: str, rank: int) -> nn.Module:
+    if hook == "none":  # one rank alone, no DDP: the plain PyTorch loop
+        return model
     wrapped = DistributedDataParallel(model)
     if hook == "fp16":
         wrapped.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -80,7 +84,8 @@ def train(args: argparse.Namespace) -> dict:
         test_inputs, test_targets = tensors(args.test, None, None, shape)
         model.eval()
         with torch.no_grad():
-            predicted = torch.cat([model.module(chunk).argmax(1) for chunk in test_inputs.split(4096)])
+            plain = getattr(model, "module", model)
+            predicted = torch.cat([plain(chunk).argmax(1) for chunk in test_inputs.split(4096)])
         result["accuracy"] = (predicted == test_targets).double().mean().item()
     return result
 
@@ -110,6 +115,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.hook == "none" and args.world_size != 1:
+        raise SystemExit("benchmarks.comm_ddp: --hook none is the loop of one rank alone (--world-size 1)")
     if args.interface:
         os.environ["GLOO_SOCKET_IFNAME"] = args.interface
     torch.set_num_threads(args.threads)

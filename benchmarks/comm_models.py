@@ -1,7 +1,9 @@
-"""The models of benchmarks/comm.py and what one step of each puts on the link, for every compression.
+"""The models of benchmarks/comm.py and benchmarks/step_cost.py and what one step of each puts on the link,
+for every compression.
 
 The models are shoal layer lists, so shoal's jobs and the DDP peer (benchmarks/comm_ddp.py) build the
-same modules with `shoal.model.from_layers`. The bytes follow the `sync` algorithm's exchange: fp32
+same modules with `shoal.model.from_layers`. benchmarks/comm.py runs the first two (COMM_MODELS) unless
+asked for others. The bytes follow the `sync` algorithm's exchange: fp32
 gradients for "none", 2 bytes a number for bf16 and fp16, and for PowerSGD the factors P (n x r) and
 Q (m x r) of every parameter seen as an n x m matrix (first dimension x the rest) that they shrink,
 the other parameters exact.
@@ -26,7 +28,19 @@ MODELS = {
         "layers": [{"conv2d": 16, "kernel": 5, "activation": "relu"}, {"maxpool": 2},
                    {"conv2d": 32, "kernel": 5, "activation": "relu"}, {"maxpool": 2}, {"dense": 10}],
     },
+    "perceptron": {
+        "what": "cNeural's 784-40-10 perceptron, sigmoid",
+        "input": [784],
+        "layers": [{"dense": 40, "activation": "sigmoid"}, {"dense": 10}],
+    },
+    "cnn-dense": {
+        "what": "CNN with a dense head: conv 1->16 5x5, maxpool 2, dense 2304->20->10; relu",
+        "input": [28, 28],
+        "layers": [{"conv2d": 16, "kernel": 5, "activation": "relu"}, {"maxpool": 2},
+                   {"dense": 20, "activation": "relu"}, {"dense": 10}],
+    },
 }
+COMM_MODELS = ("mlp", "cnn")
 COMPRESSIONS = ("none", "bf16", "fp16", "powersgd")
 
 

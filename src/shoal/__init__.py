@@ -9,6 +9,7 @@ The names below load on first use, so light commands (`shoal status`) do not imp
 """
 
 import importlib
+import importlib.util
 
 __version__ = "0.1.0"
 
@@ -29,4 +30,6 @@ __all__ = [*_EXPORTS, "__version__"]
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if not name.startswith("_") and importlib.util.find_spec(f"shoal.{name}") is not None:
+        return importlib.import_module(f"shoal.{name}")  # shoal.events.read_history(run), as the README writes it
     raise AttributeError(f"module 'shoal' has no attribute {name!r}")

@@ -61,12 +61,14 @@ class FitResult:
     """The `epoch_end` events (shoal.events.EpochEnd), an epoch redone after a restart included."""
 
 
-def resolve_job(job: str | Path | JobConfig | dict, overrides=(), workers: int | None = None) -> JobConfig:
-    """A validated JobConfig from a file, a dict or a config object, with overrides applied."""
+def resolve_job(job: str | Path | JobConfig | dict, overrides=(), workers: int | None = None,
+                workers_name: str = "--workers") -> JobConfig:
+    """A validated JobConfig from a file, a dict or a config object, with overrides applied; `workers_name`: what
+    the user called the worker count (the command's option, or fit's argument)."""
     overrides = list(overrides)
     if workers is not None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ConfigError(f"--workers: must be an integer >= 1, got {workers!r}")
+            raise ConfigError(f"{workers_name}: must be an integer >= 1, got {workers!r}")
         overrides.append(f"cluster.workers={workers}")
     if isinstance(job, JobConfig):
         job = job.to_dict() | {"name": job.name}
@@ -210,7 +212,7 @@ def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=N
     if shipped is not None:
         table["model"] = shipped
     with datasets_on_disk(table, train, test, label) as table:
-        config = resolve_job(table, overrides, workers)
+        config = resolve_job(table, overrides, workers, workers_name="workers")
         if node_range(config.cluster.nodes, "cluster.nodes") != (1, 1):
             raise ConfigError(f"cluster.nodes: shoal.fit trains on this machine, not {config.cluster.nodes!r}: "
                               "start `shoal train` on each machine for a job of several")

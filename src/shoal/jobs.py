@@ -74,13 +74,23 @@ def load_job(path: str | Path, overrides: typing.Iterable[str] = ()) -> JobConfi
         raise ConfigError(f"{path}: cannot read job file: {error}") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: invalid TOML: {error}") from None
+    overrides = list(overrides)
     raw = apply_overrides(raw, overrides)
     try:
         job = from_dict(raw, name=path.stem)
     except ConfigError as error:
-        raise ConfigError(f"{path}: {error}") from None
+        raise ConfigError(f"{blamed_override(str(error), overrides) or path}: {error}") from None
     _resolve_paths(job, path.parent)
     return job
+
+
+def blamed_override(message: str, overrides: list[str]) -> str | None:
+    """`--set 'KEY=VALUE'` when the error `message` is about a key one of `overrides` set (not the job file's)."""
+    for text in reversed(overrides):  # the last one given wins, as in apply_overrides
+        key = text.split("=", 1)[0].strip()
+        if message.startswith((f"{key}:", f"{key}.")):
+            return f"--set {text!r}"
+    return None
 
 
 def _resolve_paths(job: JobConfig, base: Path) -> None:

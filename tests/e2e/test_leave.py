@@ -20,6 +20,26 @@ from shoal.events import read_events
 from tests.e2e.jobs import write_task
 
 SECONDS = 60
+JOB = """
+[model]
+layers = [{{ dense = 32, activation = "tanh" }}, {{ dense = 2 }}]
+[data]
+train = "{train}"
+test = "{test}"
+[algorithm]
+name = "sync"
+[train]
+epochs = {epochs}
+batch_size = 16
+optimizer = {{ name = "sgd", lr = 0.05 }}
+[cluster]
+threads = 1
+timeout = 30
+rejoin_timeout = 1
+[output]
+progress = "none"
+"""
+"""A two-machine job of `epochs` on the task's rows (format with train, test and epochs)."""
 
 
 def free_port() -> int:
@@ -65,25 +85,7 @@ def together(run_dir) -> bool:
 def test_a_machine_taken_out_leaves_and_the_job_goes_on_without_it(tmp_path, project_env):
     train, test = write_task(tmp_path / "task", rows=6000, test_rows=500)
     job = tmp_path / "job.toml"
-    job.write_text(f"""
-[model]
-layers = [{{ dense = 32, activation = "tanh" }}, {{ dense = 2 }}]
-[data]
-train = "{train}"
-test = "{test}"
-[algorithm]
-name = "sync"
-[train]
-epochs = 12
-batch_size = 16
-optimizer = {{ name = "sgd", lr = 0.05 }}
-[cluster]
-threads = 1
-timeout = 30
-rejoin_timeout = 1
-[output]
-progress = "none"
-""")
+    job.write_text(JOB.format(train=train, test=test, epochs=12))
     port = free_port()
     endpoint, run_dir = f"127.0.0.1:{port}", tmp_path / "run"
     first = node(job, endpoint, run_dir, project_env, "--node-rank", "0")

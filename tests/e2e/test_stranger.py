@@ -25,30 +25,11 @@ from shoal.cluster.node.greeting import greet
 from shoal.cluster.store import Sealed, secret_name
 from shoal.events import read_events
 from tests.e2e.jobs import write_task
-from tests.e2e.test_leave import free_port, listening, together, wait_until
+from tests.e2e.test_leave import JOB, free_port, listening, together, wait_until
 
 SECONDS = 90
 SECRET = "5f0c2a9e41d87b36e0f19c2d4a7b8e61"
 STRANGER_TEXT = "maintenance: stopped by the operator"
-JOB = """
-[model]
-layers = [{{ dense = 32, activation = "tanh" }}, {{ dense = 2 }}]
-[data]
-train = "{train}"
-test = "{test}"
-[algorithm]
-name = "sync"
-[train]
-epochs = 40
-batch_size = 16
-optimizer = {{ name = "sgd", lr = 0.05 }}
-[cluster]
-threads = 1
-timeout = 30
-rejoin_timeout = 1
-[output]
-progress = "none"
-"""
 
 
 def node(job, endpoint: str, run_dir, env, *arguments: str) -> subprocess.Popen:
@@ -93,7 +74,7 @@ def attack(stranger: dist.TCPStore) -> None:
 def test_a_stranger_on_the_store_can_neither_learn_the_secret_nor_end_join_or_steer_the_job(tmp_path, project_env):
     train, test = write_task(tmp_path / "task", rows=6000, test_rows=500)
     job = tmp_path / "job.toml"
-    job.write_text(JOB.format(train=train, test=test))
+    job.write_text(JOB.format(train=train, test=test, epochs=40))
     port = free_port()
     endpoint, run_dir = f"127.0.0.1:{port}", tmp_path / "run"
     environment = {**project_env, "SHOAL_JOB_SECRET": SECRET}
