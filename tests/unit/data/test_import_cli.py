@@ -244,3 +244,13 @@ def test_an_import_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, cap
     monkeypatch.setattr(pq.ParquetWriter, "write_table", no_space)
     fails_cleanly(capsys, small_csv(tmp_path), out, ["--format", "csv"],
                   f"{out}: the disk is full; nothing was written (free some space, then write it again)")
+
+
+def test_a_nan_or_infinity_is_refused_at_import_naming_the_line(tmp_path, capsys, out):
+    csv = tmp_path / "holes.csv"
+    csv.write_text("a,b,y\n1,2,0\n3,nan,1\n")
+    fails_cleanly(capsys, csv, out, ["--format", "csv"],
+                  f"{csv}:3: a non-finite feature (nan): shoal trains on none; fix or drop the row at the source")
+    csv.write_text("a,b,y\n1,2,0\n-inf,4,1\n")
+    fails_cleanly(capsys, csv, out, ["--format", "csv"],
+                  f"{csv}:3: a non-finite feature (-inf): shoal trains on none; fix or drop the row at the source")

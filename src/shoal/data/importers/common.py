@@ -18,7 +18,7 @@ import numpy as np
 
 from shoal.data.declared_classes import DeclaredClasses
 from shoal.data.encoding import Encoding, Locate, resolve_columns, shown
-from shoal.data.format import ROW_GROUP_BYTES, DatasetWriter
+from shoal.data.format import ROW_GROUP_BYTES, DatasetWriter, first_non_finite
 from shoal.errors import DataError
 
 # Bytes of dense features per chunk handed to the writer, and per row group the writer buffers:
@@ -62,8 +62,21 @@ class ImportWriter(DatasetWriter):
     def write(self, features: np.ndarray, labels: np.ndarray | None) -> None:
         if self.declared is not None and labels is not None:
             self.declared.check(labels, self.handed, self.locate)
+        self._check_finite(features, labels)
         self.handed += len(features)
         super().write(features, labels)
+
+    def _check_finite(self, features: np.ndarray, labels: np.ndarray | None) -> None:
+        """A NaN or infinity is refused here, naming the source row, not when training reads it (where it would
+        be refused all the same)."""
+        features = np.asarray(features)
+        numeric = labels is not None and not self.classification and np.asarray(labels).dtype.kind == "f"
+        for values, what in ((features if features.dtype.kind == "f" else None, "feature"),
+                             (np.asarray(labels) if numeric else None, "label")):
+            bad = first_non_finite(values)
+            if bad is not None:
+                raise DataError(f"{self.locate(self.handed + bad[0])}: a non-finite {what} ({bad[1]}): shoal trains on "
+                                "none; fix or drop the row at the source")
 
 
 def import_writer(
