@@ -104,8 +104,10 @@ def test_a_machine_taken_out_leaves_and_the_job_goes_on_without_it(tmp_path, pro
                 process.wait()
     assert first.returncode == 0, err
     assert "leaves the job (SIGTERM); it goes on without this machine" in left, left
+    assert "death signal" not in left  # shoal's line says why, torch's agent's is not added
     events = list(read_events(run_dir))
     assert [event["status"] for event in events if event["event"] == "job_end"] == ["completed"]
     changes = [event for event in events if event["event"] == "membership"]
     assert [(len(change["hosts"]), change["world_size"]) for change in changes][-2:] == [(2, 2), (1, 1)], changes
+    assert "left (SIGTERM on its machine)" in changes[-1]["reason"], changes[-1]  # not "was lost"
     assert [len(event["workers"]) for event in events if event["event"] == "epoch_end"][-1] == 1

@@ -6,7 +6,7 @@ and shows the whole key space at a glance. All are sealed by the job's secret (s
 Sealed) except `PUBLIC`.
 
 The launchers' store: `instance`, `hello/next`, `hello/N`, `welcome/N` (greeting), `node/next` (arrival
-order), `node/K/{claim,host,workers,alive,refused}` (alive: counted up by the launcher's watch while its
+order), `node/K/{claim,host,workers,alive,refused,leaving}` (alive: counted up by the launcher's watch while its
 workers run; refused: why an arrival cannot join), `attempt/N/{port,joined/K,report/K,failed,decision}`, `end`
 (the job was stopped or failed outside an attempt; every node leaves) and `left/K` (a follower is done: the
 leader may close the store). A job whose machines may change (--nnodes MIN:MAX) adds `attempt/N/members` (the

@@ -22,12 +22,17 @@ class Members:
         self.members, self.hosts, self.node_rank = list(range(len(hosts))), hosts, 0
         self.counts = [1] * len(hosts)
         self.dropped: list[int] = []
+        self.said = False
 
     def host_of(self, node: int) -> str:
         return self.hosts[self.members.index(node)]
 
     def drop(self, nodes: list[int]) -> None:
         self.dropped += nodes
+
+    def leaving(self, node: int) -> str | None:
+        """As ElasticMeeting.leaving: host2 was taken out by SIGTERM when `said`."""
+        return "left (SIGTERM on its machine)" if node == 2 and self.said else None
 
 
 def leader(tmp_path: Path, max_restarts: int = 0) -> Supervisor:
@@ -48,6 +53,13 @@ def test_a_machine_that_sent_no_account_is_left_out_at_once(tmp_path):
     assert decision.restart and decision.regroup and decision.dropped == [2]
     assert supervisor.meeting.dropped == [2]
     assert supervisor.reasons == {"host2": "was lost (its launcher stopped answering)"}
+
+
+def test_a_machine_that_said_it_leaves_is_recorded_as_left_not_lost(tmp_path):
+    supervisor = leader(tmp_path, max_restarts=3)
+    supervisor.meeting.said = True
+    decision = supervisor.regroup(WorkerFailed(host="host2", message="its launcher stopped answering"), [2], "left")
+    assert decision.dropped == [2] and supervisor.reasons == {"host2": "left (SIGTERM on its machine)"}
 
 
 def test_a_failing_machine_restarts_with_the_others_until_its_restarts_are_spent(tmp_path):

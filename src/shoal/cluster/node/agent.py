@@ -11,10 +11,23 @@ or changes their parameters, so an upgrade shows here and nowhere else.
 
 from __future__ import annotations
 
+import logging
+
 from torch.distributed.elastic.agent.server.api import Worker
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 SHUTDOWN_SECONDS = 5  # after SIGTERM, how long workers get before SIGKILL
+
+
+class QuietDeathSignal(logging.Filter):
+    """torch's agent logs "Received SIGTERM death signal, shutting down workers" when the launcher is stopped;
+    shoal's launcher says in its own line why the machine stops (or leaves the job), so the agent's is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Received %s death signal")
+
+
+logging.getLogger("torch.distributed.elastic.agent.server.api").addFilter(QuietDeathSignal())
 
 
 def worker_ranks(counts: list[int], node_rank: int) -> range:

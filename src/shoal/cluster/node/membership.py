@@ -18,6 +18,7 @@ directory), and its agent restarts every worker as soon as a node waits, mid-epo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -173,6 +174,18 @@ class ElasticMeeting(Meeting):
     def waiting(self) -> list[int]:
         """Arrivals waiting for the next attempt: the leader stays until they have read the job's end."""
         return [rank for rank in self._joined(self.attempt + 1) if rank not in self.members] if self.leader else []
+
+    def say_leaving(self, signal_name: str) -> None:
+        """This machine was taken out (Ctrl-C, SIGTERM): the leader records it as having left, not as lost."""
+        with contextlib.suppress(*stores.STORE_ERRORS):
+            self.store.set(keys.node(self.node_rank, "leaving"), signal_name)
+
+    def leaving(self, node_rank: int) -> str | None:
+        """`left (SIGTERM on its machine)` for a node that said it leaves; None for one that said nothing."""
+        with contextlib.suppress(*stores.STORE_ERRORS):
+            if self.store.check([keys.node(node_rank, "leaving")]):
+                return f"left ({self.store.get(keys.node(node_rank, 'leaving')).decode()} on its machine)"
+        return None
 
     def drop(self, node_ranks: list[int]) -> None:
         """The leader lets these nodes go: the next attempt neither waits for them nor takes them back."""

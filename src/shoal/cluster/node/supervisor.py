@@ -85,6 +85,7 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
             if plan.elastic and meeting is not None and not meeting.leader:  # one machine taken out
                 print(f"shoal: {meeting.host} leaves the job ({interrupt.signal.name}); it goes on without this "
                       "machine", file=sys.stderr, flush=True)
+                meeting.say_leaving(interrupt.signal.name)
                 interrupt.job_goes_on = True
                 raise
             if meeting is not None:
@@ -376,7 +377,7 @@ class Supervisor:
         spent = [node for node in meeting.members if node not in missing and
                  self.failures.get(node, 0) > self.plan.max_restarts]
         for node in missing:
-            self.reasons[meeting.host_of(node)] = "was lost (its launcher stopped answering)"
+            self.reasons[meeting.host_of(node)] = meeting.leaving(node) or "was lost (its launcher stopped answering)"
         for node in spent:
             self.reasons[meeting.host_of(node)] = \
                 f"failed {self.failures[node]} times (--max-restarts {self.plan.max_restarts})"
