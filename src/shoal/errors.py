@@ -31,7 +31,7 @@ def blamed(where: str):
     except ShoalError:
         raise
     except Exception as error:  # whatever the user's code raises
-        raise ShoalError(f"{where}: {described(error)}") from error
+        raise UserCodeError(f"{where}: {described(error)}") from error
 
 LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "remote process exited", "Broken pipe",
              "communicator was aborted", "NCCL communicator", "DistBackendError", "timed out", "waited for it")
@@ -46,6 +46,11 @@ class ShoalError(Exception):
     """A problem with the user's input, described in one line that names the culprit."""
 
     exit_code = EXIT_USAGE
+
+
+class UserCodeError(ShoalError):
+    """The user's own code (a step, transform, metric or callback) raised: one line naming where, the user's
+    traceback kept as the cause, and printed where the line is (a worker's stderr), to debug by."""
 
 
 class ConfigError(ShoalError):

@@ -28,7 +28,7 @@ from shoal.cluster.orphan import end_with_parent
 from shoal.cluster.regroup import Regroup, regroup_stop
 from shoal.cluster.requeue import EXIT_REQUEUED, EpochEndStop, StopRequested, requeue
 from shoal.durable import write_bytes_durably
-from shoal.errors import ShoalError, first_line, lost_peer
+from shoal.errors import ShoalError, UserCodeError, first_line, lost_peer
 from shoal.events import JobEnd, append_event
 from shoal.jobs import load_job
 from shoal.objects import load_object
@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         run(argv)
     except ShoalError as error:
         record_failure(error)
+        if isinstance(error, UserCodeError) and error.__cause__ is not None:  # the user's own frames, to debug by
+            traceback.print_exception(error.__cause__, file=sys.stderr)
         print(f"shoal worker {os.environ.get('RANK', '0')}: error: {error}", file=sys.stderr, flush=True)
         return error.exit_code
     except StopRequested:

@@ -129,6 +129,24 @@ def test_fit_returns_metrics_and_model(task, tmp_path, monkeypatch):
     assert longer.metrics["accuracy"] > 0.8
 
 
+def test_an_error_in_the_user_s_step_keeps_its_traceback_with_the_user_s_lines(task, tmp_path, project_env):
+    train, _ = task
+    job = tmp_path / "job.toml"
+    job.write_text(f"""
+[model]
+layers = [{{ dense = 2 }}]
+[data]
+train = "{train}"
+[train]
+step = "tests.support.own_code:broken_step"
+""")
+    finished = shoal_command("train", job, "--workers", 1, "--run-dir", tmp_path / "run", env=project_env)
+    assert finished.returncode == 2, finished.stderr
+    assert "Traceback (most recent call last)" in finished.stderr
+    assert 'own_code.py", line ' in finished.stderr and "in shape_of_nothing" in finished.stderr  # the user's frames
+    assert finished.stderr.strip().splitlines()[-1].endswith("train.step: ValueError: my step is broken")
+
+
 def test_a_failing_worker_ends_the_job_with_its_error(task, tmp_path, project_env):
     train, _ = task
     job = tmp_path / "job.toml"

@@ -34,3 +34,13 @@ def regression(model, batch):
     """A step on a numeric label: the mean absolute error."""
     inputs, labels = batch
     return (model(inputs).reshape(-1) - labels).abs().mean()
+
+
+def broken_step(model, batch):
+    """A step whose own code fails on its first batch: its traceback must reach the user."""
+    inputs, labels = batch
+    return shape_of_nothing(inputs)
+
+
+def shape_of_nothing(inputs):
+    raise ValueError("my step is broken")
