@@ -63,7 +63,8 @@ def train_here(args: argparse.Namespace, server=None) -> int:
         if maximum > 1 and args.run_dir is None and not job.output.run_dir:
             # each machine would pick its own dated folder, and a resume would not find the others'
             raise ShoalError("--run-dir: required with --nnodes > 1 (the same path on every machine)")
-        run_dir = new_run_dir(job, args.run_dir)
+        # a machine that may join a running job finds the first machine's run where they share the folder
+        run_dir = new_run_dir(job, args.run_dir, joining=maximum > 1 and args.node_rank != 0)
     if args.interface:
         use_interface(args.interface)  # the workers inherit it
     try:

@@ -65,8 +65,9 @@ def run(argv: list[str] | None = None) -> dict:
         regroup_stop()
     held = contextlib.ExitStack()
     try:
-        run_dir = Path(args.run_dir) if args.run_dir else (new_run_dir(job, None) if info.rank == 0 else None)
-        run_dir = Path(Communicator(info.rank, info.world_size, device=device).broadcast_object(str(run_dir)))
+        chosen = Path(args.run_dir) if args.run_dir else (new_run_dir(job, None) if info.rank == 0 else None)
+        decided = Path(Communicator(info.rank, info.world_size, device=device).broadcast_object(str(chosen)))
+        run_dir = Path(args.run_dir) if args.run_dir else decided  # a rank told its folder keeps it (its machine's)
         if info.rank == 0:
             if not named(info.launcher).holds_run_dir:  # torchrun, srun or mpirun: rank 0 holds it for the job
                 held.enter_context(hold_run_dir(run_dir))

@@ -1,6 +1,7 @@
 """A machine taken out of a job of changing machines (`--nnodes 1:2`): the job goes on without it.
 
-Two nodes on this machine stand for two machines. Once they have checkpointed an epoch together, the
+Two nodes on this machine stand for two machines, sharing one run folder (as on a shared filesystem: the
+second is let in, though the first machine's run is there already). Once they have checkpointed an epoch together, the
 second node's launcher gets SIGTERM (an operator taking the machine back): it says it leaves and stops its
 worker, without ending the job; the first node goes on alone from the checkpoint, resharded onto
 one worker, and completes. A fixed job stops everywhere on such a signal (tests/cluster).
@@ -85,14 +86,14 @@ def together(run_dir) -> bool:
 def test_a_machine_taken_out_leaves_and_the_job_goes_on_without_it(tmp_path, project_env):
     train, test = write_task(tmp_path / "task", rows=6000, test_rows=500)
     job = tmp_path / "job.toml"
-    job.write_text(JOB.format(train=train, test=test, epochs=12))
+    job.write_text(JOB.format(train=train, test=test, epochs=30))  # room for the second to start and join
     port = free_port()
     endpoint, run_dir = f"127.0.0.1:{port}", tmp_path / "run"
     first = node(job, endpoint, run_dir, project_env, "--node-rank", "0")
     second = None
     try:
         wait_until(lambda: listening(port))  # the first node holds the job's store: it leads
-        second = node(job, endpoint, tmp_path / "second", project_env)
+        second = node(job, endpoint, run_dir, project_env)  # the folder shared, as on a shared filesystem
         wait_until(lambda: together(run_dir))
         second.send_signal(signal.SIGTERM)
         _, left = second.communicate(timeout=SECONDS)

@@ -199,6 +199,10 @@ def test_two_nodes_join_through_the_rendezvous(task, tmp_path, project_env):
     start = next(read_events(tmp_path / "node0"))
     assert start["world_size"] == 2
     assert json.loads(json.dumps(start["hosts"])) == [start["hosts"][0]] * 2
+    # each machine's worker writes into the folder its own launcher was given, not the first machine's
+    assert [path.name for path in (tmp_path / "node0" / "checkpoints").glob("epoch-*/rank-*.pt")] == \
+        ["rank-00000.pt"] * len(list((tmp_path / "node0" / "checkpoints").glob("epoch-*")))
+    assert {path.name for path in (tmp_path / "node1" / "checkpoints").glob("epoch-*/rank-*.pt")} == {"rank-00001.pt"}
 
 
 def test_a_model_that_compiles_trains_with_the_real_compiler(task, tmp_path, project_env):

@@ -20,8 +20,10 @@ MARKER = "# written by shoal: the resolved job of this run"
 """The resolved job file's first line (a TOML comment): shoal replaces only a job file that opens with it."""
 
 
-def new_run_dir(job: JobConfig, run_dir: str | Path | None) -> Path:
-    """The run directory: given, from the job file, or runs/<job>-<date>-<time>; never a used one."""
+def new_run_dir(job: JobConfig, run_dir: str | Path | None, joining: bool = False) -> Path:
+    """The run directory: given, from the job file, or runs/<job>-<date>-<time>; never a used one, except that a
+    machine `joining` a job of several may find the first machine's run in a folder they share (the first
+    machine, which writes the events, checks it once the machines have met)."""
     if run_dir is None and job.output.run_dir:
         run_dir = job.output.run_dir
     check_name(job.name)
@@ -32,7 +34,7 @@ def new_run_dir(job: JobConfig, run_dir: str | Path | None) -> Path:
             number += 1
             run_dir = base.with_name(f"{base.name}-{number}")
     run_dir = Path(run_dir)
-    check_new_run_dir(run_dir)
+    check_new_run_dir(run_dir, joining)
     return run_dir
 
 
@@ -43,18 +45,23 @@ def check_name(name: str) -> None:
                           "directory runs/<name>-<date>-<time>")
 
 
-def check_new_run_dir(run_dir: Path) -> None:
-    """A new run may go here: a folder (or a path that can become one) holding no run and no user's job file."""
+def check_new_run_dir(run_dir: Path, joining: bool = False) -> None:
+    """A new run may go here: a folder (or a path that can become one) holding no run (unless `joining`: see
+    new_run_dir) and no user's job file."""
     for folder in (run_dir, *run_dir.parents):
         if folder.exists() and not folder.is_dir():
             where = "is a file, not a folder" if folder == run_dir else f"cannot be a folder: {folder} is a file"
             raise ConfigError(f"{run_dir}: {where}; choose another --run-dir")
     for name in (EVENTS_FILE, JOB_FILE):
         refuse_link(run_dir / name)
-    if (run_dir / EVENTS_FILE).exists():
-        raise ConfigError(f"{run_dir}: already holds a run; choose another --run-dir")
+    if (run_dir / EVENTS_FILE).exists() and not joining:
+        raise held_run(run_dir)
     if not replaceable(run_dir / JOB_FILE):
         raise _not_ours(run_dir / JOB_FILE)
+
+
+def held_run(run_dir: Path) -> ConfigError:
+    return ConfigError(f"{run_dir}: already holds a run; choose another --run-dir")
 
 
 def write_job_file(run_dir: Path, job: JobConfig, replace: bool = True) -> Path:

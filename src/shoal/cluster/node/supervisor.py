@@ -33,7 +33,7 @@ from shoal.cluster.verdict import Account, Kind
 from shoal.data.source import SECRET_VARIABLE as DATA_SECRET
 from shoal.data.source import SERVER_VARIABLE, readable_here
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError, first_line
-from shoal.events import JobEnd, JobRestarted, Membership, WorkerFailed, append_event
+from shoal.events import EVENTS_FILE, JobEnd, JobRestarted, Membership, WorkerFailed, append_event
 
 
 @dataclass
@@ -77,6 +77,9 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
                 meeting = ElasticMeeting(nodes, plan.timeout, plan.workers, plan.rejoin_timeout, plan.check_layout)
             else:
                 meeting = Meeting(nodes, plan.timeout, plan.workers)
+            if meeting.leader and nodes.count > 1 and not plan.resume and (plan.run_dir / EVENTS_FILE).exists():
+                # the others may share the folder (and so were let in); the first machine's must hold no run yet
+                raise ConfigError(f"{plan.run_dir}: already holds a run; choose another --run-dir")
             data_server = serve_data(plan, meeting) if nodes.count > 1 else None
             if not plan.elastic:
                 check_layout(plan, meeting)
