@@ -43,13 +43,14 @@ def write_job(tmp_path: Path, text: str, name: str = "job") -> Path:
 
 
 def config_error(tmp_path: Path, text: str, overrides: tuple[str, ...] = ()) -> str:
-    """Load a job that must fail; return the message after checking it is one line naming the file."""
+    """Load a job that must fail; return the message after checking it is one line naming the file (or the last
+    override, which gives the key at fault in these tests)."""
     path = write_job(tmp_path, text)
     with pytest.raises(ConfigError) as caught:
         load_job(path, overrides=overrides)
     message = str(caught.value)
     assert "\n" not in message
-    assert message.startswith(f"{path}: ")
+    assert message.startswith(f"--set {overrides[-1]!r}: " if overrides else f"{path}: ")  # named as given
     return message
 
 

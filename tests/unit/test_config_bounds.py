@@ -33,8 +33,10 @@ def refused(tmp_path, extra: str = "", overrides: tuple[str, ...] = ()) -> str:
         load_job(path, overrides=overrides)
     message = str(caught.value)
     assert "\n" not in message
-    assert message.startswith(f"{path}: ")
-    return message.removeprefix(f"{path}: ")
+    # named as given: the file, or the --set that gave the key
+    blamed = f"--set {overrides[-1]!r}: " if overrides else f"{path}: "
+    assert message.startswith(blamed)
+    return message.removeprefix(blamed)
 
 
 def loaded(tmp_path, extra: str):
