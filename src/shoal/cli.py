@@ -55,8 +55,6 @@ def train_here(args: argparse.Namespace, server=None) -> int:
     nodes = Nodes(count=maximum, minimum=minimum, rank=args.node_rank, endpoint=args.rdzv_endpoint,
                   secret=node_secret(args), insecure=args.insecure)
     require_secret(nodes)  # before the run directory is made
-    if args.resume is not None and maximum == 1 and nothing_left(args.resume, job):  # other machines would wait
-        return 0
     if args.resume is not None:
         run_dir = args.resume
     else:
@@ -83,19 +81,6 @@ def train_here(args: argparse.Namespace, server=None) -> int:
             print("final " + "  ".join(f"{key} {value:.4f}" for key, value in metrics.items()))
     print(f"run directory: {run_dir}")
     return 0
-
-
-def nothing_left(run_dir: Path, job) -> bool:
-    """Whether this machine's checkpoints of the run hold every epoch the job asks for (said in one line): a
-    resume would start the workers only to end at once."""
-    from shoal.train.checkpoint import newest_epoch
-
-    done = newest_epoch(run_dir)
-    if done < job.train.epochs:
-        return False
-    print(f"shoal: nothing left to train: {run_dir} holds epoch {done} of train.epochs = {job.train.epochs}; give "
-          f"--set train.epochs=N (above {done}) to train on", file=sys.stderr)
-    return True
 
 
 def machines(args: argparse.Namespace, job) -> tuple[int, int]:
