@@ -270,7 +270,11 @@ class Authenticated(dist.Store):
         return self.inner.add(key, amount)
 
     def compare_set(self, key, expected, desired) -> bytes:
-        raise NotImplementedError("the job's process group compares no values")
+        """As torch's: `desired` when the key holds `expected` ("": none), sealed both ways (a seal is the same
+        bytes for the same key and value, so the sealed `expected` is what the store holds)."""
+        raw_expected = b"" if expected in ("", b"") else self.seal.seal(key, expected)
+        raw = self.inner.compare_set(key, raw_expected, self.seal.seal(key, desired))
+        return self.seal.opened(key, raw) if raw else b""
 
     def wait(self, keys, timeout=None) -> None:
         self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)

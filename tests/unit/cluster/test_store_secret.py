@@ -109,3 +109,11 @@ def test_machines_started_by_hand_need_a_secret_unless_insecure(capsys):
     assert "--insecure" in capsys.readouterr().err
     assert job_secret(Nodes(count=2, endpoint="head:29400", secret=SECRET)) == SECRET
     assert len({job_secret(Nodes()) for _ in range(2)}) == 2  # one machine: a fresh secret each time
+
+
+def test_the_process_group_s_compare_and_set_works_on_sealed_values():
+    group = group_store(serve("127.0.0.1"), SECRET, "instance/attempt/0")
+    assert group.compare_set("leader", "", "rank 0") == b"rank 0"  # absent: set
+    assert group.compare_set("leader", "", "rank 1") == b"rank 0"  # held: kept
+    assert group.compare_set("leader", "rank 0", "rank 2") == b"rank 2"  # the value expected: replaced
+    assert group.get("leader") == b"rank 2"
