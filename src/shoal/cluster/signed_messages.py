@@ -13,12 +13,12 @@ and messages go unsigned, as those launchers trust their network.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 
 from shoal.cluster.codec import CodecError
 from shoal.cluster.store import CONTEXT_VARIABLE, SECRET_VARIABLE
+from shoal.keyed import derived_key, framed_mac
 
 LABEL = b"shoal rank messages v1"
 MAC_BYTES = 32
@@ -28,15 +28,12 @@ class MessageSeal:
     """Signs and checks one process's object messages; the job's secret stays in here, as a derived key."""
 
     def __init__(self, secret: str, context: str):
-        self._key = hmac.new(secret.encode(), LABEL, hashlib.sha256).digest()
+        self._key = derived_key(secret, LABEL)
         self.context = context
 
     def _mac(self, where: str, number: int, sender: int, payload: bytes) -> bytes:
-        code = hmac.new(self._key, digestmod=hashlib.sha256)
-        for part in (self.context.encode(), where.encode(), str(number).encode(), str(sender).encode(), payload):
-            code.update(len(part).to_bytes(8, "big"))
-            code.update(part)
-        return code.digest()
+        return framed_mac(self._key, self.context.encode(), where.encode(), str(number).encode(),
+                          str(sender).encode(), payload)
 
     def sign(self, where: str, number: int, sender: int, payload: bytes) -> bytes:
         return payload + self._mac(where, number, sender, payload)

@@ -22,7 +22,6 @@ named in shoal.cluster.keys.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import socket
@@ -36,6 +35,7 @@ import torch.distributed as dist
 from shoal.cluster import keys
 from shoal.data.source import SECRET_VARIABLE  # noqa: F401 (re-exported)
 from shoal.errors import WorkerError, first_line
+from shoal.keyed import derived_key, framed_mac
 
 REQUEST_SECONDS = 5.0  # one store request; a cut link shows up within this
 POLL_SECONDS = 0.2
@@ -142,8 +142,7 @@ NAME_LABEL = b"shoal store names v1"
 def secret_name(secret: str, key: str) -> str:
     """The store's name for `key` in the job holding `secret`: nothing about the key or the secret shows. Names
     come from a key of their own, so no name can stand for another use of the secret (the seals, the data)."""
-    names = hmac.new(secret.encode(), NAME_LABEL, hashlib.sha256).digest()
-    return "shoal-" + hmac.new(names, key.encode(), hashlib.sha256).hexdigest()[:40]
+    return "shoal-" + framed_mac(derived_key(secret, NAME_LABEL), key.encode()).hex()[:40]
 
 
 class Seal:
@@ -153,7 +152,7 @@ class Seal:
 
     def __init__(self, secret: str, context: str = ""):
         self._secret = secret
-        self._key = hmac.new(secret.encode(), VALUE_LABEL, hashlib.sha256).digest()
+        self._key = derived_key(secret, VALUE_LABEL)
         self.context = context
         self._warned: set[str] = set()
 
@@ -161,8 +160,7 @@ class Seal:
         return secret_name(self._secret, key)
 
     def mac(self, key: str, value: bytes) -> bytes:
-        message = b"".join(len(part).to_bytes(8, "big") + part for part in (self.context.encode(), key.encode(), value))
-        return hmac.new(self._key, message, hashlib.sha256).hexdigest().encode()
+        return framed_mac(self._key, self.context.encode(), key.encode(), value).hex().encode()
 
     def seal(self, key: str, value) -> bytes:
         value = value if isinstance(value, bytes) else str(value).encode()

@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Any
 
+from shoal.keyed import derived_key, framed_mac
+
 KEY_LABEL = b"shoal data stream v1"
 WINDOW_SECONDS = 60.0
 """How long a signed call is good for, either side of the server's clock (the machines' clocks must agree
@@ -36,16 +38,12 @@ class Refused(Exception):
 
 def stream_key(secret: str) -> bytes:
     """The data stream's key: only the job's secret computes it, and it tells nothing of the secret."""
-    return hmac.new(secret.encode(), KEY_LABEL, hashlib.sha256).digest()
+    return derived_key(secret, KEY_LABEL)
 
 
 def _mac(key: bytes, role: bytes, *parts: bytes) -> bytes:
-    """An HMAC of the parts, each length-prefixed (no two lists of parts sign alike) after its role."""
-    code = hmac.new(key, digestmod=hashlib.sha256)
-    for part in (role, *parts):
-        code.update(len(part).to_bytes(8, "little"))
-        code.update(part)
-    return code.digest()
+    """An HMAC of the parts after their role (framed: no two lists of parts sign alike)."""
+    return framed_mac(key, role, *parts)
 
 
 def signed_request(key: bytes, method: str, fields: dict[str, Any], now: float | None = None) -> tuple[bytes, bytes]:
