@@ -74,6 +74,7 @@ bench: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.server
 	$(BIN)/python -m benchmarks.comm
 	$(BIN)/python -m benchmarks.step_cost
+	$(BIN)/python -m benchmarks.outer
 	$(BIN)/python -m benchmarks.own_code
 	$(BIN)/python -m benchmarks.plan_papers
 	$(BIN)/python -m benchmarks.plan_replay

@@ -51,6 +51,8 @@ ALGORITHMS = {
     "easgd-async": ("easgd", {"synchronous": False}, True),
 }
 BALANCES = ("equal", "speed")
+NEVER_SLOWER = 1.02
+"""Speed shares' epoch may be at most this many times equal shares' (the balancer takes back a losing move)."""
 LAYOUTS = {
     # "shared": the slow hosts share a core with each other
     "shared": {"peers": (0, 1, 1), "with_server": (1, 0, 1, 1)},
@@ -247,6 +249,24 @@ def summary_table(rows: list[dict], algorithms: list[str]) -> str:
     return "\n".join(lines)
 
 
+def never_slower(rows: list[dict], algorithms: list[str]) -> str:
+    """The issue's goal per algorithm: speed shares' mean s/epoch no more than NEVER_SLOWER x equal shares'."""
+    lines = []
+    for name in algorithms:
+        means = {}
+        for balance in BALANCES:
+            done = [row["seconds_per_epoch"] for row in rows if row["algorithm"] == name and row["balance"] == balance
+                    and "failed" not in row]
+            means[balance] = statistics.mean(done) if done else None
+        if not means["equal"] or means["speed"] is None:
+            lines.append(f"- {name}: speed / equal not measured")
+            continue
+        ratio = means["speed"] / means["equal"]
+        lines.append(f"- {name}: speed / equal {ratio:.3f}x (limit {NEVER_SLOWER}x): "
+                     f"{'met' if ratio <= NEVER_SLOWER else '**missed**'}")
+    return "\n".join(lines)
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=90_000)
@@ -293,8 +313,11 @@ sigmoid perceptron, {args.rows:,} synthetic digit rows ({args.test_rows:,} test 
 "s / epoch": the mean training seconds of epochs {STEADY_FROM}..{args.epochs} (evaluation excluded);
 "ideal": those epochs' rows / the sum of the trainers' measured rates (rows per second of each
 one's own compute and data): the epoch if every trainer were busy to its end and nothing else took
-time; "communication": the trainers' mean seconds in exchanges and waits, per epoch. Goal: speed
-shares within 1.1x of the ideal for every algorithm, accuracy unchanged within the trials' spread.
+time; "communication": the trainers' mean seconds in exchanges and waits, per epoch. Goals: speed
+shares within 1.1x of the ideal for every algorithm, accuracy unchanged within the trials' spread, and
+speed shares never more than {NEVER_SLOWER}x slower than equal shares:
+
+{never_slower(rows, args.algorithms)}
 
 {summary_table(rows, args.algorithms)}
 
