@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from shoal import in_process
 from shoal.algorithms import make_algorithm, trainer_ranks
 from shoal.cluster.env import threads_per_worker
 from shoal.cluster.node import forkserver
@@ -78,9 +79,11 @@ def resolve_job(job: str | Path | JobConfig | dict, overrides=(), workers: int |
 
 
 def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: bool = False,
-          max_restarts: int = 0, callbacks: Path | None = None, server: forkserver.ForkServer | None = None) -> None:
+          max_restarts: int = 0, callbacks: Path | None = None, server: forkserver.ForkServer | None = None,
+          here: Callable[[Path], None] | None = None) -> None:
     """Check the job, write its resolved file into this machine's run directory and run its workers
-    (forked from `server`, the caller's fork server, where there is one).
+    (forked from `server`, the caller's fork server, where there is one), or with `here` (fit's workers=0)
+    call it with that file instead, to run the one worker in this process.
 
     A failed attempt is recorded in the events; with restarts left, every machine's workers start
     again from the newest checkpoint. Errors in the user's input (exit status 2, a NaN loss among
@@ -108,6 +111,8 @@ def start(job: JobConfig, run_dir: Path, nodes: Nodes | None = None, *, resume: 
         run_dir.mkdir(parents=True, exist_ok=True)
         job.output.run_dir = str(run_dir)
         job_file = write_job_file(run_dir, job)
+        if here is not None:
+            return here(job_file)
         threads = threads_per_worker(job.cluster.threads, job.cluster.workers)
         supervise(Plan(job_file, run_dir, workers=job.cluster.workers, threads=threads, timeout=job.cluster.timeout,
                        restart_record=restart_record, max_restarts=max_restarts, resume=resume,
@@ -179,6 +184,8 @@ def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=N
     `model`: an nn.Module or a zero-argument callable returning one (sent to the workers by value, so a
     class defined in a notebook works), 'package.module:function', or a layer list. `train`/`test`: a
     dataset folder, (features, labels) arrays or tensors, a pandas DataFrame with its `label` column,
+    a Hugging Face `datasets.Dataset` (its `label` column, or the one `label` names; number columns as a
+    DataFrame's, or one column of arrays or images as the sample),
     or a map-style torch Dataset or an iterable (IterableDataset, generator) of (features, label) items
     or of dicts (`label` names the label's key, default "label"; the other entries are fields, given
     back as dict batches for your `step`); data in memory is written to a temporary dataset for the
@@ -203,6 +210,12 @@ def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=N
     together), `on_step(step, loss)` and `on_train_end(metrics, model)`, called by the coordinator (the
     model: the consensus model). With `max_restarts`, failed workers are restarted from the newest
     checkpoint that many times.
+
+    `workers=0` debugs: the job's one worker runs in this process, in the calling thread (no launcher, no
+    other process), with your own step, transform, loss, metrics and callbacks (and a copy of your module),
+    so a `breakpoint()` in them or in the model's forward stops there; it trains the weights `workers=1`
+    does, into the same run directory and events. An exception your code raises reaches you as it was
+    raised, for a post-mortem; nothing is restarted (see shoal.in_process).
     """
     arguments = {"epochs": epochs, "batch_size": batch_size, "optimizer": optimizer, "loss": loss, "stop": stop,
                  "algorithm": algorithm, "validation_split": validation_split}
@@ -211,8 +224,9 @@ def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=N
     shipped = model_table(model)
     if shipped is not None:
         table["model"] = shipped
+    debug = _in_process(workers)
     with datasets_on_disk(table, train, test, label) as table:
-        config = resolve_job(table, overrides, workers, workers_name="workers")
+        config = resolve_job(table, overrides, 1 if debug else workers, workers_name="workers")
         if node_range(config.cluster.nodes, "cluster.nodes") != (1, 1):
             raise ConfigError(f"cluster.nodes: shoal.fit trains on this machine, not {config.cluster.nodes!r}: "
                               "start `shoal train` on each machine for a job of several")
@@ -221,16 +235,30 @@ def fit(job: str | Path | JobConfig | dict | None = None, *, model=None, train=N
             config.output.progress = "none"
         directory = new_run_dir(config, run_dir)
         # the same process tree as `shoal train`: a fork server imports the workers while this process
-        # reads the data; a job refused by its arguments above started none
-        with forkserver.serving() as server, _removed_unless_started(directory, list(code)), \
+        # reads the data; a job refused by its arguments above started none, nor does workers=0 (all runs here)
+        with contextlib.nullcontext() if debug else forkserver.serving() as server, \
+                _removed_unless_started(directory, list(code)), \
                 EpochRelay(directory) if relay else contextlib.nullcontext():
+            given = dict(code)  # what the run directory holds of the caller's objects, by file name
             if config.model.object == PENDING:  # named relative to the run directory, where it is read from
                 config.model.object = Path(ship_model(model, directory)).name
+                given[MODEL_FILE] = model
             ship_code(code, directory)
-            start(config, directory, max_restarts=max_restarts, callbacks=ship_callbacks(callbacks, directory),
-                  server=server)
-    # the caller's own factory or model
-    return result(directory, trust_code=config.model.factory or config.model.object or False)
+            loaders = in_process.caller_objects(directory, given)
+            here = functools.partial(in_process.run, callbacks=list(callbacks or [])) if debug else None
+            with in_process.read_as_given(loaders):  # in this process, the caller's own objects
+                start(config, directory, max_restarts=max_restarts, callbacks=ship_callbacks(callbacks, directory),
+                      server=server, here=here)
+    with in_process.read_as_given(loaders):  # the caller's own factory or model
+        return result(directory, trust_code=config.model.factory or config.model.object or False)
+
+
+def _in_process(workers) -> bool:
+    """Whether fit's `workers` asks for the job in this process (0); a count below that is refused."""
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 0):
+        raise ConfigError(f"workers: must be an integer >= 0 (0: the job in this process, to debug it), "
+                          f"got {workers!r}")
+    return workers == 0
 
 
 @contextlib.contextmanager

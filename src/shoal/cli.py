@@ -221,7 +221,7 @@ def command_import(args: argparse.Namespace) -> int:
     dataset = import_dataset(args.source, args.out, args.format, n_features=args.n_features, label=args.label,
                              features=args.features, categorical=args.categorical, encoding_from=args.encoding_from,
                              classes=args.classes, rows_per_file=args.rows_per_file, overwrite=args.force,
-                             unlabeled=args.unlabeled)
+                             unlabeled=args.unlabeled, size=args.size, color=args.color)
     classes = dataset.classes if dataset.labeled else "none (unlabeled)"
     print(f"{args.out}: {dataset.rows:,} rows, sample shape {list(dataset.shape)}, classes {classes}")
     return 0
@@ -436,7 +436,7 @@ def parser() -> argparse.ArgumentParser:
     data = commands.add_parser("data", help="datasets: import, synthesize, describe, split, sample")
     data = data.add_subparsers(dest="data_command", required=True)
     importer = data.add_parser("import", help="convert a file into a shoal dataset folder")
-    importer.add_argument("source", help="the input file")
+    importer.add_argument("source", help="the input file (images: a folder of one subfolder per class)")
     importer.add_argument("out", help="the dataset folder to create")
     # With a metavar, argparse reads the choices only to check a value or to print help (%(choices)s).
     importer.add_argument("--format", required=True, choices=ImportFormats(), metavar="FORMAT",
@@ -454,6 +454,10 @@ def parser() -> argparse.ArgumentParser:
                           help="csv, parquet: encode as this dataset was (same columns, categories, order)")
     importer.add_argument("--classes", type=comma_list, metavar="LABEL[,LABEL...]",
                           help="the allowed labels: a row with any other label fails the import")
+    importer.add_argument("--size", metavar="HxW", help="images: resize every image to H by W pixels "
+                          "(needed when their sizes differ)")
+    importer.add_argument("--color", choices=["grey", "rgb"], help="images: store 1 grey or 3 RGB channels "
+                          "(default: rgb if any image is stored in colour, else grey)")
     importer.add_argument("--rows-per-file", type=int, default=1_000_000, help="rows per Parquet file")
     importer.add_argument("--force", action="store_true", help="replace an existing output folder")
     importer.set_defaults(handler=command_import)

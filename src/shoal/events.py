@@ -208,6 +208,10 @@ class EpochEnd(Event):
     validation: dict[str, float] | None = None
     """With train.validation_split: the metrics on every worker's held-out rows, each worker's weighted by
     its rows (every replica of sync is the same model; other algorithms' replicas differ)."""
+    learning_rates: list[float] | None = None
+    """The learning rate of each of train.optimizer's param groups, in group order, as the epoch began: the rate
+    it trained with under a schedule stepped per epoch (one stepped per step moves it within the epoch). Rank 0's
+    optimizer's: every rank's schedule steps alike, and a Downpour server's optimizer is the one that steps."""
 
 
 @dataclass(kw_only=True)
@@ -240,7 +244,24 @@ class WorkerFailed(Event):
     message: str | None = None
 
     def text(self) -> str:
-        """`rank 1 (host) exit code -9 (SIGKILL): message`."""
+        """`rank 1 (host) exit code -9 (SIGKILL): message`, with only what the record holds: a node's own failure
+        has no rank, a worker that raised or went silent no exit code (its message says what happened)."""
+        host = self.host if self.host and self.host != "?" else None
+        if self.rank is None:
+            who = host or "a worker"
+        else:
+            who = f"rank {self.rank}" + (f" ({host})" if host else "")
+        if self.exit_code is not None:
+            who += f" exit code {self.exit_code}" + (f" ({self.signal})" if self.signal else "")
+        elif self.signal:
+            who += f" stopped by {self.signal}"
+        elif not self.message:
+            who += ", exit code not recorded"
+        return who + (f": {self.message}" if self.message else "")
+
+    def text_before(self) -> str:
+        """The text of this record as shoal wrote it into a job's end before 2026-11-29 (`?` for what it lacked):
+        what an older run's `job_end` message holds."""
         signal = f" ({self.signal})" if self.signal else ""
         message = f": {self.message}" if self.message else ""
         rank = "?" if self.rank is None else self.rank
@@ -292,6 +313,9 @@ class JobEnd(Event):
     steps: int | None = None
     model: str | None = None
     memory: list[WorkerMemory] | None = None
+    traceback: str | None = None
+    """A failure in the user's own code (a step, transform, metric, callback): its traceback as Python prints
+    it, with the user's file names and line numbers (its last lines; absent in older runs)."""
 
     @property
     def completed(self) -> bool:

@@ -18,8 +18,10 @@ from typing import Any
 
 from shoal.cluster import scratch
 from shoal.config import JobConfig, section_fields
+from shoal.data.format import Dataset
 from shoal.data.in_memory import write_in_memory
 from shoal.errors import ConfigError, ShoalError
+from shoal.hf_inputs import is_hugging_face, write_hugging_face
 from shoal.jobs import load_job
 from shoal.objects import save_object
 
@@ -184,8 +186,8 @@ def datasets_on_disk(table: dict, train: Any, test: Any, label: str | None) -> I
                 continue
             folder = folder or scratch.make(STAGING_PREFIX, sweep_first=True)
             encoding = data.get("train") if key == "test" else None
-            data[key] = written[key] = str(write_in_memory(value, os.path.join(folder, key), key, label=label,
-                                                           encoding_from=encoding).path)
+            data[key] = written[key] = str(write_data(value, os.path.join(folder, key), key, label,
+                                                      encoding).path)
         yield table
     except ShoalError as error:
         error.args = (named_arguments(str(error), written), *error.args[1:])
@@ -193,6 +195,16 @@ def datasets_on_disk(table: dict, train: Any, test: Any, label: str | None) -> I
     finally:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def write_data(value: Any, out: str, where: str, label: str | None, encoding_from: str | None) -> Dataset:
+    """Data held in memory as a dataset folder at `out`: a Hugging Face Dataset by its columns, anything
+    else (an IterableDataset of dict items too) by `write_in_memory`."""
+    if is_hugging_face(value):
+        written = write_hugging_face(value, out, where, label=label, encoding_from=encoding_from)
+        if written is not None:
+            return written
+    return write_in_memory(value, out, where, label=label, encoding_from=encoding_from)
 
 
 def named_arguments(message: str, written: dict[str, str]) -> str:

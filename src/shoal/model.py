@@ -262,17 +262,25 @@ def build_model(spec: dict, run_dir: str | Path | None = None) -> nn.Module:
 def from_object(name: str, run_dir: str | Path | None) -> nn.Module:
     """The model shipped by value in the run directory's file `name`: a copy of the module, or what the callable
     there returns."""
-    path = object_file(name, run_dir)
-    shipped = load_object(path, "model.object")
+    path, key = object_file(name, run_dir), object_key(name)
+    shipped = load_object(path, key)
     if not isinstance(shipped, nn.Module) and callable(shipped):
         try:
             shipped = shipped()
         except Exception as error:
-            raise ConfigError(f"model.object: the model's callable failed: {type(error).__name__}: "
+            raise ConfigError(f"{key}: the model's callable failed: {type(error).__name__}: "
                               f"{first_line(error)}") from None
     if not isinstance(shipped, nn.Module):
-        raise ConfigError(f"model.object: {path} holds {type(shipped).__name__}, not a torch.nn.Module")
+        raise ConfigError(f"{key}: {path} holds {type(shipped).__name__}, not a torch.nn.Module")
     return shipped
+
+
+def object_key(name: str) -> str:
+    """What messages call a model shipped by value: `model`, shoal.fit's argument, for the file fit writes (the
+    user gave a module, not a job key), else the job's key `model.object`."""
+    from shoal.fit_inputs import MODEL_FILE  # here, not at the top: its data imports are not every worker's to pay
+
+    return "model" if name == MODEL_FILE else "model.object"
 
 
 Trust = bool | str

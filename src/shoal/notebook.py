@@ -52,6 +52,6 @@ class EpochRelay:
         total = history.start.configured_epochs() if history.start is not None else None
         for epoch in history.epochs[self.shown:]:
             test = "  test " + metrics_text(epoch.test) if epoch.test else ""
-            print(f"epoch {epoch.epoch}/{total or '?'}  train loss {epoch.train_loss:.4f}{test}  "
+            print(f"epoch {epoch.epoch}{f'/{total}' if total else ''}  train loss {epoch.train_loss:.4f}{test}  "
                   f"{epoch.samples_per_second:,.0f} samples/s", file=self.stream or sys.stdout, flush=True)
         self.shown = len(history.epochs)

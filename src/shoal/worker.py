@@ -27,8 +27,9 @@ from shoal.cluster.heartbeat import silence
 from shoal.cluster.orphan import end_with_parent
 from shoal.cluster.regroup import Regroup, regroup_stop
 from shoal.cluster.requeue import EXIT_REQUEUED, EpochEndStop, StopRequested, requeue
+from shoal.code import TRACEBACK_LINES, USER_TRACEBACK, user_traceback, with_file_names
 from shoal.durable import write_bytes_durably
-from shoal.errors import ShoalError, UserCodeError, first_line, lost_peer
+from shoal.errors import ShoalError, first_line, lost_peer
 from shoal.events import JobEnd, append_event
 from shoal.jobs import load_job
 from shoal.objects import load_object
@@ -77,7 +78,8 @@ def run(argv: list[str] | None = None) -> dict:
             recorder.started(run_dir)
         # restarted by torchrun's own agent, or requeued by SLURM: continue from the newest checkpoint
         resume = args.resume or info.restarts > 0 or info.requeued > 0
-        callbacks = load_object(args.callbacks, "--callbacks") if args.callbacks else []  # rank 0 calls them
+        # rank 0 calls them
+        callbacks = with_file_names(load_object(args.callbacks, "--callbacks")) if args.callbacks else []
         return run_worker(job, info, run_dir, threads, resume=resume, stop=stop, callbacks=callbacks,
                           on_stall=leave_for_stalled_peer(info.rank, recorder))
     except StopRequested as stopped:
@@ -88,7 +90,7 @@ def run(argv: list[str] | None = None) -> dict:
         raise
     except Exception as error:
         if recorder is not None:
-            recorder.failed(first_line(error))
+            recorder.failed(first_line(error), user_traceback(error, TRACEBACK_LINES))
         raise
     finally:
         held.close()
@@ -144,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         run(argv)
     except ShoalError as error:
         record_failure(error)
-        if isinstance(error, UserCodeError) and error.__cause__ is not None:  # the user's own frames, to debug by
-            traceback.print_exception(error.__cause__, file=sys.stderr)
+        if (frames := user_traceback(error)) is not None:  # the user's own frames, to debug by
+            print(frames, file=sys.stderr)
         print(f"shoal worker {os.environ.get('RANK', '0')}: error: {error}", file=sys.stderr, flush=True)
         return error.exit_code
     except StopRequested:
@@ -186,6 +188,8 @@ def record_failure(error: BaseException) -> None:
         return
     message = {"message": f"{type(error).__name__}: {error}",
                "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))}}
+    if (frames := user_traceback(error, TRACEBACK_LINES)) is not None:  # for job_end, by the launcher
+        message["extraInfo"][USER_TRACEBACK] = frames
     with contextlib.suppress(OSError):  # the failure itself is what matters; it is printed either way
         write_bytes_durably(path, json.dumps({"message": message}).encode())
 

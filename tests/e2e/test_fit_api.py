@@ -125,7 +125,7 @@ def test_refusals_are_one_line_and_leave_no_run_directory(data, tmp_path, monkey
         (dict(model=local_network(), train=(train[0], train[1][:10])), "train: 4000 rows of features but 10"),
         (dict(model=local_network(), train=train, trainer={"epochs": 1}), "fit: unknown argument 'trainer'"),
         (dict(model=local_network(), train=train, callbacks=[object()]), "callbacks: object has no on_epoch_end"),
-        (dict(model=nn.Linear(FEATURES, 7), train=train), "model.object: the model gives outputs of shape \\[7\\]"),
+        (dict(model=nn.Linear(FEATURES, 7), train=train), "model: the model gives outputs of shape \\[7\\]"),
     ]
     for arguments, message in cases:
         with pytest.raises(ConfigError, match=message) as raised:

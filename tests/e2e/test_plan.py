@@ -55,7 +55,7 @@ def test_plan_prints_a_table_crossovers_and_a_recommendation(planned, capsys, tm
     assert "nodes  workers  algorithm" in out
     for algorithm in ("averaging", "sync", "downpour"):
         assert algorithm in out
-    assert "rows from which each node count beats the one before it" in out
+    assert "against one machine (the fastest job there: " in out
     assert "recommended: " in out
     assert "unsteady" not in out  # the profile's machine held its pace
     assert (tmp_path / "plan.png").stat().st_size > 10_000

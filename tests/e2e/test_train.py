@@ -101,6 +101,13 @@ def test_train_writes_events_model_and_predictions(task, tmp_path, project_env):
     assert accuracy == pytest.approx(end["test"]["accuracy"])
     assert np.allclose(np.array(table["probability_no"]) + np.array(table["probability_yes"]), 1.0)
 
+    weights = (run_dir / "model.pt").read_bytes()
+    again = shoal_command("train", "--resume", run_dir, env=project_env)  # every epoch is done
+    assert again.returncode == 0, again.stderr
+    assert (f"shoal: nothing left to train: {run_dir} holds epoch 3 of train.epochs = 3; give --set "
+            "train.epochs=N (above 3) to train on") in again.stderr
+    assert (run_dir / "model.pt").read_bytes() == weights  # the trained model is the one it was
+
 
 def test_fit_returns_metrics_and_model(task, tmp_path, monkeypatch):
     train, test = task

@@ -108,7 +108,7 @@ def test_unknown_kinds_and_fields_are_ignored_and_missing_fields_take_defaults()
     assert parse({"time": 1.0}) is None and parse({"event": ["job_end"]}) is None
     failed = parse({"event": "worker_failed", "time": 2.0, "message": "boom", "added_later": [1, 2]})
     assert failed == WorkerFailed(time=2.0, message="boom")
-    assert failed.text() == "rank ? (?) exit code ?: boom"
+    assert failed.text() == "a worker: boom"  # nothing it lacks is shown as "?"
     ended = parse({"event": "epoch_end", "epoch": 4, "seconds_split": {"compute": 2.0}, "workers": [{"rank": 3}]})
     assert ended.seconds_split == SecondsSplit(compute=2.0) and ended.workers == [WorkerEpoch(rank=3)]
     assert ended.test == {} and ended.algorithm is None

@@ -48,6 +48,7 @@ def test_fit_s_worker_count_is_named_as_fit_s_argument(tmp_path):
     import shoal
 
     job = {"model": {"layers": [{"dense": 2}]}, "data": {"train": str(tmp_path / "train")}}
-    with pytest.raises(ConfigError, match=r"^workers: must be an integer >= 1, got 0$"):
-        shoal.fit(job, workers=0, run_dir=tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"^workers: must be an integer >= 0 \(0: the job in this process, to "
+                                          r"debug it\), got -1$"):
+        shoal.fit(job, workers=-1, run_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()

@@ -6,12 +6,14 @@ and shows the whole key space at a glance. All are sealed by the job's secret (s
 Sealed) except `PUBLIC`.
 
 The launchers' store: `instance`, `hello/next`, `hello/N`, `welcome/N` (greeting), `node/next` (arrival
-order), `node/K/{claim,host,workers,alive,refused,leaving}` (alive: counted up by the launcher's watch while its
-workers run; refused: why an arrival cannot join), `attempt/N/{port,joined/K,report/K,failed,decision}`, `end`
+order), `node/K/{claim,streamed,host,workers,alive,refused,leaving}` (streamed: "1" when a fixed job's machine
+lacks a dataset of the job's, set with its claim; alive: counted up by the launcher's watch while its workers run;
+refused: why an arrival cannot join), `attempt/N/{port,joined/K,report/K,failed,decision}`, `end`
 (the job was stopped or failed outside an attempt; every node leaves) and `left/K` (a follower is done: the
 leader may close the store). A job whose machines may change (--nnodes MIN:MAX) adds `attempt/N/members` (the
-node ranks in attempt N, set by the leader) and `attempt/current` (the attempt running); `data/port` is where
-the first machine serves the job's datasets ("": it serves none).
+node ranks in attempt N, set by the leader) and `attempt/current` (the attempt running). `data/port` is where
+the first machine serves the job's datasets ("": it serves none), set once the machines met, before any worker
+starts: a server only when another machine's `streamed` asked for one, or machines may change.
 
 The workers' store: `shoal/beat/R` and `shoal/silent` (liveness), `shoal/exit/N/R` and
 `shoal/exit/N/recorded` (ways out, under other launchers), `shoal/regroup` (the leader: machines wait to
@@ -39,7 +41,7 @@ PROCESS_GROUP = "process group"
 
 
 def node(rank: int, field: str) -> str:
-    """`claim`, `host`, `workers`, `alive` or `refused` of node `rank`."""
+    """`claim`, `streamed`, `host`, `workers`, `alive`, `refused` or `leaving` of node `rank`."""
     return f"node/{rank}/{field}"
 
 

@@ -6,8 +6,8 @@ whole tensor at once and each add what it received: the same bytes each way, one
 message costs more than its bytes (on the project's VMs about 2 ms to wake a waiting process,
 against 1 ms for 128 KB at 1 Gbit/s), that is the cheaper sum: a whole training step of three small
 models took 0.92-1.01x as long as DDP's in the same processes over two runs, while a 10.6 MB model's
-step took 1.46x (benchmarks/exchange_ab.py, benchmarks/results/2026-11-29-2core-cpu-exchange-ab*.md). So tensors up to LARGEST_BYTES go this way,
-larger ones through gloo's ring.
+step took 1.46x (benchmarks/exchange_ab.py, benchmarks/results/2026-11-29-2core-cpu-exchange-ab*.md).
+So tensors up to LARGEST_BYTES go this way, larger ones through gloo's ring.
 
 Both ranks get the same bytes: each adds the other's tensor to its own, and IEEE addition is
 commutative (a + b is b + a, bit for bit, in every floating-point and integer type).

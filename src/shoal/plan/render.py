@@ -1,18 +1,19 @@
-"""A plan as the terminal shows it (one table, crossovers, the recommendations) and as curves in a PNG.
+"""A plan as the terminal shows it (one table, a sentence per algorithm, the recommendations) and as curves in a PNG.
 
-On machines of different speeds the table gains a `shares` column: each algorithm on each node count
-twice, with equal shares (the slowest machine sets the pace) and with speed shares."""
+The sentences say in words a newcomer reads what the table means: `sync: faster than one machine from
+2 machines on (1.80x on 4)`. An unsteady measurement is said twice, at the top beside what was measured
+and at the bottom in the recommendation's place, with how to get a steady one. On machines of
+different speeds the table gains a `shares` column: each algorithm on each node count twice, with
+equal shares (the slowest machine sets the pace) and with speed shares."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from shoal.plan.costs import Link
-from shoal.plan.planner import Plan, rows_text
+from shoal.plan.planner import UNSTEADY, Plan, against_one_machine, job_to_beat, machine_count_text, shares_text
 from shoal.plan.profile import Profile
 from shoal.train.report import save_atomically
-
-UNSTEADY = 1.15  # a pace range beyond which a prediction's compute can be off by more than 15%
 
 
 def seconds_text(seconds: float) -> str:
@@ -37,7 +38,7 @@ def render(plan: Plan, profile: Profile, per_node: int) -> str:
                      "then; measure again (without --profile) to price each message's latency and bytes apart")
     if plan.pace_range > UNSTEADY:
         lines.append(f"unsteady: a step took up to {plan.pace_range:.2f}x its fastest time while this machine was "
-                     "measured; epochs will move as much (plan from profiles saved apart: --profile repeated)")
+                     f"measured; epochs will move as much{', so no recommendation (below)' if plan.withheld else ''}")
     if per_node > 1:
         lines.append(f"loopback: {'measured' if network.inside.measured else 'assumed'}: {link_text(network.inside)}")
     if plan.speeds:
@@ -47,18 +48,16 @@ def render(plan: Plan, profile: Profile, per_node: int) -> str:
     shares = ["shares"] if plan.speeds else []
     header = ["nodes", "workers", "algorithm", *shares, "epoch", "job", "speedup", "efficiency", "comm.",
               "staleness"]
-    smallest = min(p.nodes for p in plan.predictions)
     rows = [[str(p.nodes), str(p.workers), p.algorithm, *([p.balance] if shares else []),
              seconds_text(p.epoch_seconds), seconds_text(p.job_seconds), f"{plan.speedup(p):.2f}x",
-             f"{plan.efficiency(p, smallest):.0%}", f"{p.communication_share:.0%}",
+             f"{plan.efficiency(p):.0%}", f"{p.communication_share:.0%}",
              "" if p.staleness is None else f"{p.staleness:.1f}"] for p in plan.predictions]
     lines += _table(header, rows, text_columns=(2, 3) if shares else (2,))
-    lines += ["", "rows from which each node count beats the one before it (job time):"]
-    for algorithm, found in plan.crossovers.items():
-        if found:
-            lines.append(f"  {algorithm}: " + ", ".join(f"{nodes} nodes from {rows_text(rows)}"
-                                                         for nodes, rows in found.items()))
-    lines += ["", f"recommended: {plan.recommendation}"]
+    start = job_to_beat(plan)
+    lines += ["", f"against {machine_count_text(start.nodes)} (the fastest job there: {shares_text(start)}, "
+                  f"{seconds_text(start.job_seconds)}):"]
+    lines += [f"  {series}: {sentence}" for series, sentence in against_one_machine(plan).items()]
+    lines += ["", f"no recommendation: {plan.withheld}" if plan.withheld else f"recommended: {plan.recommendation}"]
     if plan.compression:
         lines.append(f"compression: {plan.compression}")
     return "\n".join(lines)

@@ -74,6 +74,8 @@ class Coordinator:
         self.final: dict = {}  # the latest test metrics
         self.latest: EpochEnd | None = None  # the latest epoch's record
         self.epoch = self.epoch_steps = 0  # the epoch in progress, and rank 0's steps in it
+        self.optimizer: torch.optim.Optimizer | None = None  # the algorithm's, known from announce
+        self.learning_rates: list[float] | None = None  # its groups' rates as the epoch in progress began
         self.resharded_from: int | None = None  # the workers that wrote a checkpoint resumed by resharding
         self.last_record = time.monotonic()
 
@@ -97,6 +99,7 @@ class Coordinator:
         resumed = dataclasses.replace(start.resumed(), resharded_from=self.resharded_from)
         self.events.write(resumed if started_before else start)
         self.events.write(DataLoaded(seconds=max(load_seconds), per_rank=load_seconds, shares=holdings))
+        self.optimizer = algorithm.optimizer if algorithm is not None else None
         self.progress = ProgressDisplay(self.job.output.progress, self.job.train.epochs, details.steps_per_epoch,
                                         enabled=True)
         if self.test_rows is not None:
@@ -108,6 +111,8 @@ class Coordinator:
     def epoch_begins(self, epoch: int, steps: int) -> None:
         """Epoch `epoch` starts; rank 0 runs `steps` steps in it (or serves for as many nominal steps)."""
         self.epoch, self.epoch_steps = epoch, steps
+        # read now: the schedule's step at the epoch's end comes before its record
+        self.learning_rates = learning_rates(self.optimizer)
         self.progress.start_epoch(epoch, steps)
 
     def after_step(self, epoch: int, step: int, step_in_epoch: int, loss: float) -> None:
@@ -165,6 +170,7 @@ class Coordinator:
             test, evaluation_seconds = self.evaluate(algorithm)
         record = epoch_record(epoch, step, per_rank, ranks, hosts, test, evaluation_seconds)
         record.algorithm = algorithm.epoch_report() or None
+        record.learning_rates = self.learning_rates
         if shares is not None:
             record.balance = shares.mode
             record.next_shares = list(shares.moved) if shares.moved else None
@@ -208,6 +214,13 @@ class Coordinator:
             self.events.close()
         if self.loggers is not None:
             self.loggers.close()
+
+
+def learning_rates(optimizer: torch.optim.Optimizer | None) -> list[float] | None:
+    """Each param group's learning rate, in group order (a rate may be a tensor); None without an optimizer."""
+    if optimizer is None:
+        return None
+    return [float(group["lr"]) for group in optimizer.param_groups]
 
 
 def add_reports(record: EpochEnd, reports: list[dict], stepped: bool) -> None:

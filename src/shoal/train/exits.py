@@ -50,6 +50,8 @@ class Exit:
     """The signal that stopped it, when one did."""
     consequence: bool = False
     """Its error came from a peer gone."""
+    traceback: str | None = None
+    """Its error in the user's own code: the user's traceback (shoal.code.user_traceback)."""
 
     @property
     def own_error(self) -> bool:
@@ -57,8 +59,8 @@ class Exit:
         return bool(self.message) and not self.consequence
 
     @classmethod
-    def of_error(cls, rank: int, host: str, message: str) -> Exit:
-        return cls(rank, host, message=message, consequence=lost_peer(message))
+    def of_error(cls, rank: int, host: str, message: str, traceback: str | None = None) -> Exit:
+        return cls(rank, host, message=message, consequence=lost_peer(message), traceback=traceback)
 
 
 class ExitBook:
@@ -150,7 +152,9 @@ def record_outcome(run_dir: Path, book: ExitBook, exits: dict[int, Exit], *, res
         return
     append_event(run_dir, failure)
     if restarts_left <= 0 and not restarting:
-        append_event(run_dir, JobEnd(status="failed", message=failure.text()))
+        blamed = exits.get(failure.rank)  # the user's traceback, when the cause is an error in the user's code
+        traceback = blamed.traceback if blamed is not None and blamed.message == failure.message else None
+        append_event(run_dir, JobEnd(status="failed", message=failure.text(), traceback=traceback))
 
 
 def restart_record(run_dir: Path, restart: int) -> JobRestarted:
@@ -204,8 +208,8 @@ class Recorder:
         """This worker ends the job by design (a stop for requeue): a stop signal from now on is expected."""
         self.leaving = status
 
-    def failed(self, message: str) -> None:
-        self.leave(Exit.of_error(self.info.rank, self.info.host, message))
+    def failed(self, message: str, traceback: str | None = None) -> None:
+        self.leave(Exit.of_error(self.info.rank, self.info.host, message, traceback))
 
     def leave(self, leaving: Exit, wait: float = WAIT_SECONDS) -> None:
         """Once per worker (an error, then the launcher's SIGTERM, is one way out): write this worker's exit;

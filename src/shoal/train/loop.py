@@ -26,10 +26,11 @@ from shoal.cluster.collectives import Communicator
 from shoal.cluster.inspector import TRAIN
 from shoal.data.balance import nominal_crossed
 from shoal.data.loader import ShardLoader, batch_rows, owned
-from shoal.errors import ShoalError
+from shoal.errors import ShoalError, UserCodeError
 from shoal.train.objective import Objective
 from shoal.train.schedule import Schedule
 from shoal.train.step import Logged, Step
+from shoal.train.transform import ModelInputs, misshapen
 
 if TYPE_CHECKING:
     from shoal.train.transform import Transform
@@ -97,6 +98,7 @@ class Trainer:
         self.autocast = (functools.partial(torch.autocast, loader.device.type, dtype=torch.bfloat16)
                          if precision == "bf16" else contextlib.nullcontext)  # fp32 steps enter nothing
         self.group_rows = 0  # rows whose gradients are summed in, not yet applied
+        self.shapes_checked = not self.private  # the first batch the user's code made is checked (first_learn)
 
     def train_epoch(self, epoch: int) -> EpochStats:
         self.epoch = epoch
@@ -112,12 +114,14 @@ class Trainer:
             self.on_phase(TRAIN)  # the user's transform and step are training: a deadlock in them is named
             if self.private and not self.loader.shuffle:  # unshuffled rows are views of the share: the user's
                 batch = owned(batch)  # code changing them in place would change every later epoch's
+            original = batch
             if self.transform is not None:
                 batch = self.transform(batch, epoch, step_in_epoch)
             rows = batch_rows(batch)
             fetched = time.perf_counter()
             communication_at_step = self.comm.seconds
-            value = self.learn(batch, rows, step_in_epoch)
+            value = (self.learn(batch, rows, step_in_epoch) if self.shapes_checked
+                     else self.first_learn(original, batch, rows, step_in_epoch))
             if not math.isfinite(value):
                 raise NumericalError(f"loss is {value} at epoch {epoch + 1}, step {step_in_epoch + 1}")
             finished = time.perf_counter()
@@ -153,6 +157,23 @@ class Trainer:
         for step in crossed:
             self.algorithm.after_step(step)
         return loss.item()  # also waits for the device, so the step's timing is honest
+
+    def first_learn(self, original, batch, rows: int, step_in_epoch: int) -> float:
+        """`learn` on the first batch the user's code makes (`original`: as the data gave it; `batch`: after the
+        transform): a model refusing inputs that the transform or step reshaped, and taking the data's shape,
+        is one line naming which (later batches have the same shapes: no cost per step)."""
+        self.shapes_checked = True
+        if not isinstance(original, tuple):  # fields: which of them the model takes is the step's to say
+            return self.learn(batch, rows, step_in_epoch)
+        inputs = ModelInputs(self.model)
+        try:
+            with inputs:
+                return self.learn(batch, rows, step_in_epoch)
+        except (RuntimeError, UserCodeError) as error:
+            wrong = misshapen(self.model, original[0], batch[0], inputs.refused, error, self.autocast)
+            if wrong is None:
+                raise
+            raise wrong from (error.__cause__ if isinstance(error, UserCodeError) else error)
 
     def forward(self, batch, rows: int) -> torch.Tensor:
         """The batch's loss: the model's outputs under the job's loss, or what the user's step makes of the

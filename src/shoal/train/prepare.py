@@ -30,7 +30,7 @@ from shoal.data.holdout import TrainingRows, held_out_rows
 from shoal.data.loader import plan_memory
 from shoal.data.source import open_source
 from shoal.errors import ConfigError, first_line
-from shoal.model import build_model, code_of, output_shape
+from shoal.model import build_model, code_of, object_key, output_shape
 from shoal.train.objective import Objective, metric_names
 from shoal.train.schedule import make_schedule
 from shoal.train.step import Step, load_step
@@ -223,7 +223,9 @@ def model_spec(job: JobConfig, train_set: Dataset) -> dict:
 
 
 def model_key(spec: dict) -> str:
-    """The job key that describes the model."""
+    """The job key that describes the model (for the model shoal.fit shipped, its argument `model`)."""
+    if spec.get("object"):
+        return object_key(spec["object"])
     code = code_of(spec)
     return code[0] if code else "model.layers"
 

@@ -32,7 +32,21 @@ from shoal.events import (
     read_history,
 )
 from shoal.safe_files import new_temporary, refuse_link
-from shoal.train.status import balance_text, machine_paces, machines_text, worker_paces
+from shoal.train.status import (
+    NOT_STARTED,
+    balance_text,
+    end_message,
+    failure_text,
+    host_text,
+    known_host,
+    machine_paces,
+    machines_text,
+    next_rows_text,
+    run_state,
+    shares_differ,
+    shares_text,
+    worker_paces,
+)
 
 REPORT_FILE = "report.md"
 LOSS = "loss"
@@ -137,7 +151,7 @@ def plot_workers(epochs: list[EpochEnd]) -> Figure:
     paces = worker_series(epochs)
     for (rank, host), points in paces.items():
         ax.plot([epoch for epoch, _ in points], [rate for _, rate in points], marker="o",
-                label=f"rank {rank} ({host})")
+                label=f"rank {rank}{host_text(host)}")
     ax.set_ylabel("steps per second")
     ax.set_title("worker pace")
     if paces:  # a record without workers draws none
@@ -199,10 +213,6 @@ def number(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def known(value) -> str:
-    return "?" if value is None else str(value)
-
-
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|",
             *("| " + " | ".join(row) + " |" for row in rows)]
@@ -211,14 +221,17 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 def markdown(run_dir: Path, history: History, images: list[tuple[str, str]]) -> str:
     """The report's text: how the job ended, the job, its epochs, its incidents, its plots."""
     epochs = history.latest_epochs()
-    start = history.start or JobStart()
-    lines = [f"# shoal report: {start.job or run_dir.name}", "", outcome(history), ""]
+    start = history.start or next((event for event in reversed(history.events) if isinstance(event, JobStart)),
+                                  None)  # a job_start without the job's name still holds the rest
+    lines = [f"# shoal report: {start and start.job or run_dir.name}", "", outcome(history), ""]
     membership = history.of(Membership)
     changed = len(membership) > 1
     lines += ["## Job", "", *table(["", ""], job_rows(run_dir, start, history.last(DataLoaded), changed)), ""]
     lines += ["## Epochs", "", *epoch_table(epochs)]
     if shows_machines(epochs):
         lines += ["## Machines", "", *machine_table(epochs)]
+    if any(shares_differ(record) for record in epochs):
+        lines += ["## Shares", "", *shares_table(epochs)]
     if changed:
         lines += ["## Machines over time", "", *membership_table(membership)]
     lines += ["## Restarts and failures", "", *(incidents(history) or ["None."])]
@@ -239,30 +252,38 @@ def outcome(history: History) -> str:
     end = history.end
     if end is None:
         return "**no job_end yet**: the job is running or ended without a word."
-    status = f"**{end.status}**"
+    status = f"**{run_state(end, 0.0)}**"
     if end.epochs is not None:  # a job that failed or was interrupted says only why
         status += f": {end.epochs} epochs, {number(end.steps, ',')} steps in {number(end.seconds, '.1f')} s"
-    return status + (f": {end.message}" if end.message else "") + "."
+    message = end_message(end, history.of(WorkerFailed))
+    return status + (f": {message}" if message else "") + "."
 
 
-def job_rows(run_dir: Path, start: JobStart, loaded: DataLoaded | None, changed: bool = False) -> list[list[str]]:
-    """The job and where it ran, as job_start (or the latest job_resumed, which repeats it) says; `changed`:
-    its machines changed, and these are the last attempt's."""
-    versions = ", ".join(f"{key} {value}" for key, value in start.versions.items())
+def job_rows(run_dir: Path, start: JobStart | None, loaded: DataLoaded | None,
+             changed: bool = False) -> list[list[str]]:
+    """The job and where it ran, as job_start (or the latest job_resumed, which repeats it) says, each detail
+    it holds; `changed`: its machines changed, and these are the last attempt's."""
+    rows = [["run directory", f"`{run_dir}`"]]
+    if start is None:
+        return [*rows, ["job", NOT_STARTED]]
     latest = " in the last attempt (see Machines over time)" if changed else ""
-    rows = [
-        ["run directory", f"`{run_dir}`"],
-        ["algorithm", known(start.algorithm)],
-        ["world size", f"{known(start.world_size)} ({known(start.trainers)} training){latest}"],
-        ["hosts", (", ".join(sorted(set(start.hosts))) or "?") + latest],
-        ["threads per worker", known(start.threads)],
-        ["device", known(start.device)],
-        ["train rows", number(start.train_rows, ",")],
-        ["test rows", number(start.test_rows, ",")],
-        ["steps per epoch", number(start.steps_per_epoch, ",")],
-        ["parameters", number(start.parameters, ",")],
-        ["versions", versions or "?"],
+    world_size = None
+    if start.world_size is not None:
+        training = f" ({start.trainers} training)" if start.trainers is not None else ""
+        world_size = f"{start.world_size}{training}{latest}"
+    hosts = ", ".join(sorted(set(start.hosts)))
+    details = [
+        ["algorithm", start.algorithm],
+        ["world size", world_size],
+        ["hosts", hosts + latest if hosts else None],
+        ["threads per worker", start.threads],
+        ["device", start.device],
+        *([name, format(value, ",")] for name, value in (
+            ("train rows", start.train_rows), ("test rows", start.test_rows),
+            ("steps per epoch", start.steps_per_epoch), ("parameters", start.parameters)) if value is not None),
+        ["versions", ", ".join(f"{key} {value}" for key, value in start.versions.items()) or None],
     ]
+    rows += [[name, str(value)] for name, value in details if value is not None]
     if loaded is not None:
         rows.append(["data loading", f"{loaded.seconds:.2f} s (slowest worker)"])
     return rows
@@ -293,7 +314,8 @@ def epoch_table(epochs: list[EpochEnd]) -> list[str]:
 def shows_machines(epochs: list[EpochEnd]) -> bool:
     """Whether the records hold each worker's rate and share (a run written before shares could follow speed
     has neither), with more than one worker or shares that are not equal: as `shoal status` shows them."""
-    recorded = [record for record in epochs if record.balance is not None]
+    recorded = [record for record in epochs if record.balance is not None
+                and all(known_host(worker.host) for worker in record.workers)]  # unknown hosts are no machine
     return any(len(record.workers) > 1 or (record.workers and record.balance != "equal") for record in recorded)
 
 
@@ -331,11 +353,21 @@ def machine_table(epochs: list[EpochEnd]) -> list[str]:
     return [*table(header, rows), "", *balance_lines(recorded), ""]
 
 
+def shares_table(epochs: list[EpochEnd]) -> list[str]:
+    """A row per epoch whose shares differ by design (cluster.balance "speed" or fixed speeds): each worker's
+    share of its rows, and the next epoch's rows where they moved."""
+    rows = [[str(record.epoch), cell(shares_text(record)),
+             cell(next_rows_text(record).removesuffix(" rows")) if record.next_shares else "not moved"]
+            for record in epochs if shares_differ(record)]
+    return [*table(["epoch", "shares of the rows", "next epoch's rows"], rows), ""]
+
+
 def membership_table(membership: list[Membership]) -> list[str]:
     """A row per set of machines the job ran on: the attempt, the checkpoint's epoch it went on from, the
     machines and their workers, who left or joined, and why."""
     header = ["attempt", "from epoch", "machines", "workers", "world size", "left", "joined", "why"]
-    rows = [[str(event.attempt), str(event.from_epoch) if event.from_epoch else "start", ", ".join(event.hosts),
+    rows = [[str(event.attempt), str(event.from_epoch) if event.from_epoch else "start",
+             ", ".join(event.hosts) or "not recorded",
              ", ".join(map(str, event.workers)), str(event.world_size or sum(event.workers)),
              ", ".join(event.left) or "-", ", ".join(event.joined) or "-", cell(event.reason) or "-"]
             for event in membership]
@@ -384,10 +416,10 @@ def incidents(history: History) -> list[str]:
     first_machines = next(iter(history.of(Membership)), None)  # the machines it started on: no incident
     for event in history.events:
         if isinstance(event, WorkerFailed):
-            found.append(f"- worker failed: {event.text()}")
+            found.append(f"- worker failed: {failure_text(event)}")
         elif isinstance(event, JobRestarted):
-            found.append(f"- restart {event.restart} from {source(event.from_epoch)}, "
-                         f"epochs redone: {known(event.epochs_redone)}")
+            redone = f", epochs redone: {event.epochs_redone}" if event.epochs_redone is not None else ""
+            found.append(f"- restart {event.restart} from {source(event.from_epoch)}{redone}")
             restarting = True
         elif isinstance(event, Membership) and event is not first_machines:
             found.append(f"- machines changed: {machines_text(event)}")

@@ -11,6 +11,7 @@ method, so tests and other entry points can drive them one by one; `finish` alwa
 from __future__ import annotations
 
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -234,6 +235,10 @@ class Runner:
             self.coordinator.final = latest_test(found)
             self.stopping.load_state_dict(found.coordinator.get("stopping", {}))
             self.coordinator.resharded_from = found.world_size if found.reshard else None
+            if found.epoch >= self.job.train.epochs:  # said once the checkpoint passed every check above
+                print(f"shoal: nothing left to train: {self.run_dir} holds epoch {found.epoch} of train.epochs = "
+                      f"{self.job.train.epochs}; give --set train.epochs=N (above {found.epoch}) to train on",
+                      file=sys.stderr, flush=True)
 
     def start(self) -> None:
         """Announce the job and what each rank holds, then start every rank together."""

@@ -55,6 +55,10 @@ MEMBERSHIP_LINES = 4
 """The most changes of machines shown one per line; beyond, the latest few and a count of the others."""
 
 CLEAR_SCREEN = "\033[H\033[2J"
+UNKNOWN = "?"
+"""What a record read without its field holds there (a worker's host, the job's end status): never shown."""
+NOT_STARTED = "the job had not started: no job_start event yet"
+UNKNOWN_STATUS = "ended (status not recorded)"
 DEFAULT_TIMEOUT = ClusterConfig().timeout
 
 
@@ -243,6 +247,10 @@ class Status:
     membership: list[Membership] = field(default_factory=list)
     """In a job whose machines may change: its machines as each attempt with other machines began (the first:
     those it started on)."""
+    started: bool = True
+    """Whether the events hold a job_start (or a job_resumed): a run killed before has none."""
+    last_epoch: EpochEnd | None = None
+    """The last epoch's record: each worker's share of its rows, and the next epoch's when they moved."""
 
     @property
     def machines(self) -> list[MachinePace]:
@@ -251,12 +259,13 @@ class Status:
     def shows_machines(self) -> bool:
         """Whether each machine's rate and share are worth a line: the record holds them, and there is more
         than one worker or the shares are not equal."""
-        return self.balance is not None and bool(self.workers) and (len(self.workers) > 1 or self.balance != "equal")
+        return (self.balance is not None and bool(self.workers) and (len(self.workers) > 1 or self.balance != "equal")
+                and all(known_host(worker.host) for worker in self.workers))  # unknown hosts are no machine
 
 
 def run_state(end: JobEnd | None, quiet_seconds: float, silence_limit: float = math.inf) -> str:
     if end is not None:
-        return end.status
+        return end.status if end.status and end.status != UNKNOWN else UNKNOWN_STATUS
     if quiet_seconds > silence_limit:
         return "stopped"
     return "stalled?" if quiet_seconds > STALL_SECONDS else "running"
@@ -298,6 +307,24 @@ def not_started(run_dir: Path, now: float, gone: bool = False) -> str:
         return f"{run_dir}: no {EVENTS_FILE}, and its launcher is gone: the job never started"
     return (f"{run_dir}: no {EVENTS_FILE} {duration(waited)} after {JOB_FILE} was written: the job has not "
             "started (still loading its data, or its launcher was killed)")
+
+
+def known_host(host: str | None) -> str | None:
+    """The host as recorded; None for a record without one."""
+    return host if host and host != UNKNOWN else None
+
+
+def failure_text(failure: WorkerFailed) -> str:
+    """`rank 1 (host-1) exit code -9 (SIGKILL): killed by the kernel`, with only what the record holds."""
+    return failure.text()
+
+
+def end_message(end: JobEnd, failures: list[WorkerFailed]) -> str | None:
+    """The job's end message; where the launcher wrote its last failure's text (`exit code ?` where none was
+    recorded), that failure told as failure_text tells it."""
+    if end.message and failures and end.message in (failures[-1].text(), failures[-1].text_before()):
+        return failure_text(failures[-1])
+    return end.message
 
 
 def worker_paces(last_epoch: EpochEnd | None) -> list[WorkerPace]:
@@ -364,7 +391,7 @@ def summarize(run_dir: str | Path, now: float | None = None) -> Status:
     start, end, progress, last_epoch = timeline.start, timeline.end, timeline.progress, timeline.last_epoch
     timeout = job_timeout(run_dir, start)
     state = run_state(end, now - last_time, timeout + STOP_GRACE_SECONDS)
-    message = end.message if end is not None else None
+    message = end_message(end, timeline.failures) if end is not None else None
     if end is None and gone:
         state, message = "stopped", LAUNCHER_GONE
     elif state == "stopped":
@@ -392,7 +419,8 @@ def summarize(run_dir: str | Path, now: float | None = None) -> Status:
         last_checkpoint=timeline.checkpoints[-1] if timeline.checkpoints else None,
         message=message, silence_limit=timeout + STOP_GRACE_SECONDS,
         balance=last_epoch.balance if last_epoch else None, shares_moved=timeline.shares_moved(),
-        membership=timeline.membership)
+        membership=timeline.membership, started=any(isinstance(event, JobStart) for event in history.events),
+        last_epoch=last_epoch)
 
 
 def duration(seconds: float | None) -> str:
@@ -423,24 +451,74 @@ def render(summary: Status) -> str:
                 if summary.state in ("stalled?", "stopped") else "")]
     if summary.message:
         lines.append(f"  {summary.message}")
-    hosts = ", ".join(summary.hosts)
-    lines.append(f"job {summary.job or '?'}  algorithm {summary.algorithm or '?'}  "
-                 f"world size {summary.world_size or '?'}" + (f"  hosts {hosts}" if hosts else ""))
+    lines.append(job_line(summary))
     lines += membership_lines(summary.membership)
-    lines.append(position_line(summary))
-    losses = loss_line(summary)
-    if losses:
-        lines.append(losses)
-    lines.append(timing_line(summary))
+    if summary.started or summary.epoch or summary.step_in_epoch is not None:  # no "epoch 0" before the start
+        lines.append(position_line(summary))
+    lines += [line for line in (loss_line(summary), timing_line(summary)) if line]
     lines += worker_lines(summary)
+    lines += shares_lines(summary.last_epoch)
     restarts = f"restarts {summary.restarts}"
     if summary.last_failure:
-        restarts += f"  last failure: {summary.last_failure.text()}"
+        restarts += f"  last failure: {failure_text(summary.last_failure)}"
     lines.append(restarts)
     checkpoint = summary.last_checkpoint
     lines.append(f"checkpoints {summary.checkpoints}"
                  + (f"  latest: epoch {checkpoint.epoch} {checkpoint.path}" if checkpoint else ""))
     return "\n".join(lines)
+
+
+def job_line(summary: Status) -> str:
+    """`job demo  algorithm sync  world size 2  hosts a, b`: each detail the job_start holds."""
+    if not summary.started:
+        return NOT_STARTED
+    details = (("job", summary.job), ("algorithm", summary.algorithm), ("world size", summary.world_size),
+               ("hosts", ", ".join(summary.hosts) or None))
+    return "  ".join(f"{name} {value}" for name, value in details if value is not None) or "job details not recorded"
+
+
+def worker_label(worker: WorkerEpoch | WorkerPace, workers: list) -> str:
+    """`host0`, or `host0 rank 1` on a machine with several workers, or `rank 1` where the host is unknown."""
+    host = known_host(worker.host)
+    if host is None:
+        return f"rank {worker.rank}"
+    several = sum(known_host(other.host) == host for other in workers) > 1
+    return f"{host} rank {worker.rank}" if several else host
+
+
+def shares_lines(record: EpochEnd | None) -> list[str]:
+    """`shares   host0 50.0%, host1 25.0% (epoch 2); from epoch 3: host0 1,500, host1 750 rows`: each worker's
+    share of the last epoch's rows, and the next epoch's rows where they moved; only for shares that differ
+    by design (cluster.balance "speed" or fixed speeds)."""
+    if not shares_differ(record):
+        return []
+    line = f"shares   {shares_text(record)} (epoch {record.epoch})"
+    if record.next_shares:
+        line += f"; from epoch {record.epoch + 1}: {next_rows_text(record)}"
+    return [line]
+
+
+def shares_differ(record: EpochEnd | None) -> bool:
+    """Whether the record holds shares that differ by design: cluster.balance "speed" or fixed speeds."""
+    return record is not None and record.balance not in (None, "equal") and bool(record.workers)
+
+
+def shares_text(record: EpochEnd) -> str:
+    """`host0 50.0%, host1 25.0%, host2 25.0%`: each worker's share of the epoch's rows."""
+    total_rows = sum(worker.rows for worker in record.workers)
+    shares = [worker_share(worker, total_rows) for worker in record.workers]
+    return ", ".join(f"{worker_label(worker, record.workers)} "
+                     + ("share not recorded" if share is None else f"{share:.1%}")
+                     for worker, share in zip(record.workers, shares))
+
+
+def next_rows_text(record: EpochEnd) -> str:
+    """`host0 1,500, host1 750 rows`: each worker's rows in the next epoch; by position where the record's
+    workers do not match its shares one for one (a change of machines)."""
+    if len(record.next_shares) != len(record.workers):
+        return " / ".join(f"{rows:,}" for rows in record.next_shares) + " rows per worker"
+    return ", ".join(f"{worker_label(worker, record.workers)} {rows:,}"
+                     for worker, rows in zip(record.workers, record.next_shares)) + " rows"
 
 
 def worker_lines(summary: Status) -> list[str]:
@@ -449,7 +527,7 @@ def worker_lines(summary: Status) -> list[str]:
     second, and then how the rows were shared."""
     labels = ["workers  ", *(["         "] * (len(summary.workers) - 1))]
     if not summary.shows_machines():
-        return [f"{label}rank {worker.rank} ({worker.host}) {pace_text(worker)}"
+        return [f"{label}rank {worker.rank}{host_text(worker.host)} {pace_text(worker)}"
                 for label, worker in zip(labels, summary.workers)]
     machines = summary.machines
     width = max(len(machine.host) for machine in machines)
@@ -489,7 +567,13 @@ def machines_text(event: Membership) -> str:
     counts = f": {' + '.join(map(str, event.workers))}" if several else ""  # each machine's, where they differ
     since = f"after epoch {event.from_epoch}" if event.from_epoch else "from the start"
     reason = f": {event.reason}" if event.reason else ""
-    return f"{', '.join(event.hosts) or '?'} ({size} worker{'s' if size != 1 else ''}{counts}) {since}{reason}"
+    hosts = ", ".join(event.hosts) or "hosts not recorded"
+    return f"{hosts} ({size} worker{'s' if size != 1 else ''}{counts}) {since}{reason}"
+
+
+def host_text(host: str | None) -> str:
+    """` (host-1)` after a rank; nothing where the record holds no host."""
+    return f" ({known_host(host)})" if known_host(host) else ""
 
 
 def pace_text(worker: WorkerPace) -> str:
@@ -510,12 +594,15 @@ def balance_text(balance: str, moved: list[int]) -> str:
 
 
 def position_line(summary: Status) -> str:
-    """With a progress record the epoch shown is the one under way, else the last one finished."""
+    """With a progress record the epoch shown is the one under way, else the last one finished; a count the
+    records do not hold is left out."""
     under_way = summary.step_in_epoch is not None
-    position = (f"epoch {summary.epoch}/{summary.epochs or '?'} {'under way' if under_way else 'done'}"
-                f"  step {summary.step:,}")
-    if under_way:
-        position += f" ({summary.step_in_epoch:,}/{summary.steps_per_epoch or '?'} in this epoch)"
+    of = f"/{summary.epochs}" if summary.epochs else ""
+    position = f"epoch {summary.epoch}{of} {'under way' if under_way else 'done'}  step {summary.step:,}"
+    if under_way and summary.steps_per_epoch:
+        position += f" ({summary.step_in_epoch:,}/{summary.steps_per_epoch:,} in this epoch)"
+    elif under_way:
+        position += f" ({summary.step_in_epoch:,} steps into this epoch)"
     return position
 
 
@@ -534,7 +621,8 @@ def timing_line(summary: Status) -> str:
     timing = []
     if summary.samples_per_second is not None:
         timing.append(f"{summary.samples_per_second:,.0f} samples/s")
-    timing.append(f"elapsed {duration(summary.elapsed_seconds)}")
+    if summary.elapsed_seconds is not None:  # None before job_start
+        timing.append(f"elapsed {duration(summary.elapsed_seconds)}")
     if summary.eta_seconds is not None:
         timing.append(f"eta {duration(summary.eta_seconds)}")
     return "  ".join(timing)

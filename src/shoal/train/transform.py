@@ -11,6 +11,11 @@ must be those it would have drawn without a transform. So each call runs with to
 That costs about 0.2 ms a batch on a 2-core machine, most of it NumPy's `get_state`/`set_state`
 (documented calls, kept for that rather than copying its generator's memory): small beside a
 training step of a model worth augmenting data for.
+
+A transform may reshape the inputs (a crop) where the model takes the new shape. Where the model
+refuses them on the first batch and takes the data's own shape, the job stops in one line naming the
+transform and both shapes (`misshapen`), not torch's traceback from inside the model; so it does for
+a step that feeds the model another shape.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import numpy as np
 import torch
 
 from shoal.code import load_code
-from shoal.errors import ConfigError, blamed
+from shoal.errors import ConfigError, UserCodeError, blamed
+from shoal.train.step import KEY as STEP_KEY
 
 KEY = "data.transform"
 DOMAIN = b"shoal.transform"  # keeps these seeds apart from the job's other seeded draws
@@ -139,3 +145,59 @@ def _checked_dict(batch: dict[str, Any], result: Any) -> dict[str, Any]:
             raise ConfigError(f"{KEY}: returned {described(result[key])} under {key!r}; expected a tensor of "
                               f"the batch's {rows} rows")
     return result
+
+
+class ModelInputs:
+    """While entered, the positional arguments of each call of the model that has not returned: after a failure,
+    those of the call that raised (`refused`). Hooks on the model for one batch, taken off on leaving."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model, self.open, self.hooks = model, [], []
+
+    def __enter__(self) -> ModelInputs:
+        self.hooks = [self.model.register_forward_pre_hook(self.called),
+                      self.model.register_forward_hook(self.returned)]
+        return self
+
+    def __exit__(self, *exception) -> None:
+        for hook in self.hooks:
+            hook.remove()
+
+    def called(self, module, arguments) -> None:  # returning None leaves the arguments as they are
+        self.open.append(arguments)
+
+    def returned(self, module, arguments, outputs) -> None:  # and the outputs
+        self.open.pop()
+
+    @property
+    def refused(self) -> torch.Tensor | None:
+        """The first argument of the call that raised, when it is a tensor."""
+        arguments = self.open[-1] if self.open else ()
+        return arguments[0] if arguments and isinstance(arguments[0], torch.Tensor) else None
+
+
+def misshapen(model: torch.nn.Module, before: torch.Tensor, transformed: torch.Tensor, given: torch.Tensor | None,
+              error: Exception, autocast) -> ConfigError | None:
+    """The one line for a model that refused inputs of another sample shape than the data's (`before`: the
+    batch's inputs as the data gave them; `transformed`: after the transform; `given`: what the model was called
+    with) and takes the data's own: naming the transform that reshaped them, else the step. None where the
+    model's failure is not that one (it refuses the data's shape too, or failed otherwise)."""
+    cause = error.__cause__ if isinstance(error, UserCodeError) else error
+    if (not isinstance(cause, RuntimeError) or isinstance(cause, torch.cuda.OutOfMemoryError) or given is None
+            or given.shape[1:] == before.shape[1:] or not takes(model, before, autocast)):
+        return None
+    if transformed.shape[1:] != before.shape[1:]:
+        return ConfigError(f"{KEY}: returned inputs of shape {list(transformed.shape)}; the model takes "
+                           f"{list(before.shape)} (the batch's shape before the transform)")
+    return ConfigError(f"{STEP_KEY}: gave the model inputs of shape {list(given.shape)}; the model takes "
+                       f"{list(before.shape)} (the batch's shape)")
+
+
+def takes(model: torch.nn.Module, inputs: torch.Tensor, autocast) -> bool:
+    """Whether the model's forward runs on `inputs` (a check on the way out of a failed job: its state may move)."""
+    try:
+        with torch.no_grad(), autocast():
+            model(inputs)
+    except Exception:  # whatever the model raises, it does not take them
+        return False
+    return True

@@ -116,7 +116,7 @@ def test_a_plan_on_uneven_machines_shows_both_shares_and_recommends_speed_shares
                               "comm.", "staleness"]
     assert [line.split()[3] for line in lines[lines.index(header) + 1:lines.index(header) + 7]] == [
         "equal", "speed"] * 3
-    assert "  averaging, speed shares: 2 nodes from" in text
+    assert "  averaging, speed shares: faster than one machine from 2 machines on (" in text
 
 
 def test_even_machines_plan_as_before():

@@ -32,6 +32,7 @@ from shoal.cluster.node import forkserver
 from shoal.cluster.node.agent import SHUTDOWN_SECONDS, NodeAgent
 from shoal.cluster.signals import Interrupted, caller_signal_handlers, handled_signals
 from shoal.cluster.verdict import Account, Kind, root_cause
+from shoal.code import USER_TRACEBACK
 from shoal.errors import EXIT_USAGE, WorkerError, lost_peer
 from shoal.events import JobRestarted, WorkerFailed
 
@@ -201,7 +202,16 @@ def describe_failure(error: ChildFailedError) -> WorkerError:
                                    for failure in error.failures.values())
     worker_error.failure = WorkerFailed(rank=rank, host=host, exit_code=failure.exitcode, signal=signal_name,
                                         message=message)
+    worker_error.user_traceback = _user_traceback(failure)  # an error in the user's code: for job_end
     return worker_error
+
+
+def _user_traceback(failure) -> str | None:
+    """The traceback of the user's own code that a worker wrote into its error file (shoal.worker), if any."""
+    written = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
+    extra = written.get("extraInfo") if isinstance(written, dict) else None
+    found = extra.get(USER_TRACEBACK) if isinstance(extra, dict) else None
+    return found if isinstance(found, str) else None
 
 
 def restart_line(failure: str, restart: JobRestarted, max_restarts: int) -> str:

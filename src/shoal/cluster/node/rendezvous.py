@@ -197,8 +197,10 @@ INSECURE_SECRET = "shoal"
 class Meeting:
     """This node's membership of the job: its node rank, the hosts and their worker counts, and the attempts."""
 
-    def __init__(self, nodes: Nodes, timeout: float, workers: int = 1):
+    def __init__(self, nodes: Nodes, timeout: float, workers: int = 1, streamed: bool = False):
+        """`streamed`: this machine lacks a dataset of the job's; it says so with its claim, for the first."""
         self.nodes, self.count, self.timeout, self.workers = nodes, nodes.count, timeout, workers
+        self.streamed = streamed
         self.host = socket.gethostname()
         self.endpoint_host, self.port = nodes.address()
         self.secret = job_secret(nodes)
@@ -263,13 +265,15 @@ class Meeting:
         return [value.decode() for value in self.store.multi_get(names)]
 
     def _claim(self) -> None:
-        """Take this node's rank and tell its host and worker count."""
+        """Take this node's rank and tell its host, its worker count and whether it lacks the job's data."""
         claim = f"{self.host} (pid {os.getpid()}, {uuid.uuid4().hex[:8]})"
         if self.store.compare_set(keys.node(self.node_rank, "claim"), "", claim).decode() != claim:
             taken = self.store.get(keys.node(self.node_rank, "claim")).decode()
             raise ConfigError(f"--node-rank: node {self.node_rank} is already taken by {taken}; give every machine "
                               "its own rank, or none to any")
-        self.store.set(keys.node(self.node_rank, "workers"), str(self.workers))  # before the host: read with it
+        # both before the host: every machine's are there once every host is
+        self.store.set(keys.node(self.node_rank, "streamed"), "1" if self.streamed else "")
+        self.store.set(keys.node(self.node_rank, "workers"), str(self.workers))
         self.store.set(keys.node(self.node_rank, "host"), self.host)
 
     def _counts(self) -> list[int]:
@@ -277,6 +281,13 @@ class Meeting:
         once every host is. Read once: a node keeps its count, as its rank, for the whole job."""
         names = [keys.node(rank, "workers") for rank in range(self.count)]
         return [int(value) for value in self.store.multi_get(names)]
+
+    def streaming(self) -> list[str]:
+        """The hosts of the other machines that lack a dataset of the job's and stream it from the first one,
+        as each said with its claim: all are known once the machines met, so nobody waits for a request."""
+        names = [keys.node(rank, "streamed") for rank in self.members[1:]]
+        values = self.store.multi_get(names) if names else []
+        return [host for host, value in zip(self.hosts[1:], values) if value == b"1"]
 
     @property
     def position(self) -> int:

@@ -76,7 +76,7 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
             if plan.elastic:
                 meeting = ElasticMeeting(nodes, plan.timeout, plan.workers, plan.rejoin_timeout, plan.check_layout)
             else:
-                meeting = Meeting(nodes, plan.timeout, plan.workers)
+                meeting = Meeting(nodes, plan.timeout, plan.workers, streamed=plan.streamed)
             if meeting.leader and nodes.count > 1 and not plan.resume and (plan.run_dir / EVENTS_FILE).exists():
                 # the others may share the folder (and so were let in); the first machine's must hold no run yet
                 raise ConfigError(f"{plan.run_dir}: already holds a run; choose another --run-dir")
@@ -115,36 +115,46 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
 
 
 def serve_data(plan: Plan, meeting: Meeting):
-    """In a job of changing machines the first machine serves the job's datasets it holds, read-only and to the
-    job's secret only; a machine
-    without them learns where (and so do its workers, from this process's environment). Returns the server."""
+    """The first machine serves the job's datasets it holds, read-only and to the job's secret only, to the
+    machines that lack one (`start_data_server`); such a machine learns where (and so do its workers, from this
+    process's environment). Returns the server."""
     if meeting.leader:
-        # only where machines may change (and a spare may hold nothing): a gRPC server's threads beside a fixed
-        # job's workers on a one-core machine slowed its epochs measurably (tests/cluster/test_plan.py)
-        held = {path: path for path in plan.datasets if "://" not in path and readable_here(path)} \
-            if plan.elastic else {}
-        server = None
-        if held:
-            from shoal.data.flight import DataServer  # gRPC, loaded only where a job spans machines
-
-            try:
-                server = DataServer(held, meeting.secret, host=meeting.bind or meeting.endpoint_host)
-            except Exception as error:  # the others may see the data themselves: a machine that needs it says so
-                print(f"shoal: warning: cannot serve the job's datasets to the other machines: {first_line(error)}",
-                      file=sys.stderr, flush=True)
-        meeting.store.set(keys.DATA_PORT, str(server.port) if server else "")  # "": it serves none
-        return server
+        return start_data_server(plan, meeting)
     if plan.streamed:
         missing = next(path for path in plan.datasets if not readable_here(path))
         port = data_port(meeting, plan.timeout, missing)
         if not port:
             raise ConfigError(f"{missing}: not on this machine ({meeting.host}), and the first machine "
-                              f"({meeting.endpoint_host}) does not serve it (it serves the datasets it holds to a "
-                              "job of changing machines, --nnodes MIN:MAX)")
+                              f"({meeting.endpoint_host}) does not serve it (it serves the other machines the "
+                              "datasets it holds)")
         host = f"[{meeting.endpoint_host}]" if ":" in meeting.endpoint_host else meeting.endpoint_host
         # the launcher's own checks and its workers read the datasets from there (the launcher is the job's)
         os.environ.update({SERVER_VARIABLE: f"{host}:{port}", DATA_SECRET: meeting.secret})
     return None
+
+
+def start_data_server(plan: Plan, meeting: Meeting):
+    """The first machine's data server, started once the machines met and before any worker: in a fixed job only
+    when another machine said with its claim that it lacks a dataset (a gRPC server's threads beside the
+    workers of a one-core machine slowed its epochs measurably: tests/cluster/test_plan.py), in a job of
+    changing machines always (one that joins later may lack them). Writes its port, "" for none."""
+    wanting = meeting.streaming()
+    held = {path: path for path in plan.datasets if "://" not in path and readable_here(path)} \
+        if plan.elastic or wanting else {}
+    server = None
+    if held:
+        from shoal.data.flight import DataServer  # gRPC, loaded only where a job spans machines
+
+        try:
+            server = DataServer(held, meeting.secret, host=meeting.bind or meeting.endpoint_host)
+        except Exception as error:  # the others may see the data themselves: a machine that needs it says so
+            print(f"shoal: warning: cannot serve the job's datasets to the other machines: {first_line(error)}",
+                  file=sys.stderr, flush=True)
+    if server is not None and wanting:
+        print(f"shoal: {meeting.host} serves the job's datasets to {', '.join(wanting)}, which lack them",
+              file=sys.stderr, flush=True)
+    meeting.store.set(keys.DATA_PORT, str(server.port) if server else "")  # "": it serves none
+    return server
 
 
 def data_port(meeting: Meeting, seconds: float, missing: str) -> str:
@@ -198,6 +208,7 @@ class Supervisor:
         self.failures: dict[int, int] = {}  # by node rank, in a job of changing machines: its restarts used
         self.machine_restarts = 0  # restarts of a job of changing machines (counted per machine, above)
         self.reasons: dict[str, str] = {}  # by host: why it left, for the next membership event
+        self.own_failure: WorkerError | None = None  # this node's last failed attempt's, with any user traceback
 
     def run(self) -> None:
         attempt = self.first_attempt()
@@ -279,6 +290,7 @@ class Supervisor:
         """Run this node's workers once; report the outcome to the leader. Returns the failure, if any."""
         plan, meeting = self.plan, self.meeting
         watch = AttemptWatch(meeting, attempt)
+        self.own_failure = None
         try:
             # the workers' keys are named by the job's secret: handed in their environment, never their argv
             with watch, workers_environment(self.worker_variables(attempt)):
@@ -290,6 +302,7 @@ class Supervisor:
                 raise lost_store(watch.lost, meeting) from None
             # stopped by the watch: a cause only if a worker wrote one of its own first
             stopped = watch.stopped and error.failure is not None and error.failure.signal in ("SIGTERM", "SIGKILL")
+            self.own_failure = error
             meeting.report(attempt, Report(meeting.node_rank, failure=failure_fields(error.failure),
                                            consequence=error.consequence or stopped,
                                            usage=error.exit_code == EXIT_USAGE))
@@ -333,7 +346,7 @@ class Supervisor:
         elif not usage and (regrouped := self.regroup(cause, missing, text)) is not None:
             decision = regrouped
         elif usage or self.restarts >= self.plan.max_restarts:
-            append_event(run_dir, JobEnd(status="failed", message=text))
+            append_event(run_dir, self.job_failed(cause, text))
             decision = Decision(restart=False, message=text, failure=failure_fields(cause), usage=usage)
         else:
             self.restarts += 1
@@ -355,7 +368,7 @@ class Supervisor:
             return None  # no machine to blame (or to tell apart): restarts are counted as a fixed job's
         out = self.out_of_job(cause, missing)
         if meeting.node_rank in out:
-            append_event(run_dir, JobEnd(status="failed", message=text))
+            append_event(run_dir, self.job_failed(cause, text))
             return Decision(restart=False, message=text, failure=failure_fields(cause))
         if not out:  # the blamed machine has restarts left: numbered as the run's restarts, counted per machine
             self.machine_restarts += 1
@@ -395,6 +408,13 @@ class Supervisor:
         if missing or meeting.hosts.count(cause.host) != 1:
             return None
         return meeting.members[meeting.hosts.index(cause.host)]
+
+    def job_failed(self, cause: WorkerFailed, text: str) -> JobEnd:
+        """The job's end for `cause`, with the user's traceback when the cause is an error in the user's code on
+        this machine (another machine's worker's traceback is on that machine's stderr)."""
+        own = self.own_failure
+        mine = own is not None and own.failure is not None and failure_fields(own.failure) == failure_fields(cause)
+        return JobEnd(status="failed", message=text, traceback=getattr(own, "user_traceback", None) if mine else None)
 
     def fail_job(self, message: str) -> None:
         if self.meeting.leader:

@@ -1,4 +1,4 @@
-"""Importers: convert CSV, LIBSVM, MNIST IDX, NumPy, HDF5 and Parquet files into a dataset folder.
+"""Importers: convert CSV, LIBSVM, MNIST IDX, NumPy, HDF5 and Parquet files, and image folders, into a dataset.
 
 This package's entry is `import_dataset`, which checks its arguments and hands them, as an
 `ImportRequest`, to the format's importer. `IMPORTERS` is the one table of formats: each names
@@ -30,6 +30,7 @@ class Importer:
 
     module: str  # under shoal.data.importers; it defines import_file(request: ImportRequest)
     table: bool = False  # named columns, which can be one-hot encoded (categorical, encoding_from)
+    folder: bool = False  # the source is a folder, not a file
 
     def load(self) -> Callable[[ImportRequest], None]:
         return importlib.import_module(f"shoal.data.importers.{self.module}").import_file
@@ -43,6 +44,7 @@ IMPORTERS: dict[str, Importer] = {
     "npz": Importer("numpy_arrays"),
     "hdf5": Importer("hdf5"),
     "parquet": Importer("parquet", table=True),
+    "images": Importer("images", folder=True),
 }
 FORMATS = tuple(IMPORTERS)
 TABLE_FORMATS = tuple(name for name, importer in IMPORTERS.items() if importer.table)
@@ -63,6 +65,8 @@ def import_dataset(
     rows_per_file: int = 1_000_000,
     overwrite: bool = False,
     unlabeled: bool = False,
+    size: str | tuple[int, int] | None = None,
+    color: str | None = None,
 ) -> Dataset:
     """Convert `source` (a `format` file) into the dataset folder `out` and open it.
 
@@ -75,17 +79,24 @@ def import_dataset(
     `classes` lists the allowed labels: a row with any other label fails the import. `unlabeled`
     imports features alone, rows to predict rather than train on: a features `.npy`, or a CSV or
     Parquet table whose every column is a feature (with `encoding_from`, the training set's label
-    column, where the table still has it, is left out).
+    column, where the table still has it, is left out). Format images reads a folder holding one
+    subfolder of images per class: every image is resized to `size` (`HxW` or (height, width);
+    without it, all must share one size) and stored as uint8 [C, H, W] in `color`, grey or rgb
+    (default: rgb if any image is stored in colour, else grey).
     """
     source, out = str(source), str(out)
     if format not in IMPORTERS:
         raise DataError(f"unknown import format {format!r}; supported formats: {', '.join(FORMATS)}")
-    check_file(source)
+    if IMPORTERS[format].folder:
+        _check_folder(source)
+    else:
+        check_file(source)
     if n_features is not None and n_features < 1:
         raise DataError(f"{source}: n_features must be at least 1, got {n_features}")
     if rows_per_file < 1:
         raise DataError(f"{out}: rows_per_file must be at least 1, got {rows_per_file}")
     _check_format_options(source, format, features, categorical, encoding_from)
+    _check_image_options(source, format, label, size, color)
     if unlabeled and (format not in UNLABELED or label is not None or classes is not None):
         raise DataError(f"{source}: unlabeled: features alone, from {', '.join(UNLABELED)} (no label or classes); "
                         f"{format} files are imported with their labels")
@@ -96,6 +107,10 @@ def import_dataset(
     writer_options = {"rows_per_file": rows_per_file, "overwrite": overwrite, "declared": declared}
     request = ImportRequest(source, out, format, n_features, label, features, list(categorical or ()), encoding,
                             writer_options, unlabeled)
+    if format == "images":  # its options live in its own module, which loads Pillow
+        from shoal.data.importers.images import image_request
+
+        request = image_request(request, size, color)
     IMPORTERS[format].load()(request)
     return open_dataset(out)
 
@@ -112,3 +127,20 @@ def _check_format_options(
                         "(the reference encoding names its categorical columns)")
     if features is not None and format != "hdf5":
         raise DataError(f"{source}: features names an HDF5 dataset; it does not apply to {format}")
+
+
+def _check_image_options(
+    source: str, format: str, label: str | None, size: str | tuple[int, int] | None, color: str | None
+) -> None:
+    """`size` and `color` apply to images only; images take their labels from their folders."""
+    if format != "images" and (size is not None or color is not None):
+        raise DataError(f"{source}: size and color apply to a folder of images (format images), not {format}")
+    if format == "images" and label is not None:
+        raise DataError(f"{source}: an image's label is the name of its class subfolder; label does not apply")
+
+
+def _check_folder(path: str) -> None:
+    if not os.path.exists(path):
+        raise DataError(f"{path}: folder not found")
+    if not os.path.isdir(path):
+        raise DataError(f"{path}: not a folder (format images reads a folder holding one subfolder per class)")

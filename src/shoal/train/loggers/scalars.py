@@ -5,7 +5,8 @@ so no logger can show a number that events.jsonl does not hold. Epoch values are
 (numbered from 1), a validation at its count of steps or server updates, a progress loss at
 the global step: numbers that go on growing when a job resumes, so curves continue. An epoch's
 world size is the one its attempt started with (`WorldSize`): in a job whose machines change it
-changes between epochs.
+changes between epochs. Each param group's learning rate is `lr` where the optimizer has one group, `lr/group0`,
+`lr/group1`... where it has several (in the CSV file, `lr` or `lr.group0`...).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from shoal.events import EpochEnd, Event, JobEnd, JobStart, Membership, Progress, Validation
 
 WORLD_SIZE = "cluster/world_size"
+LEARNING_RATE = "lr"
 
 
 @dataclass
@@ -54,16 +56,27 @@ def scalars(event: Event, world_size: int | None = None) -> Scalars | None:
 
 def epoch_values(event: EpochEnd, world_size: int | None = None) -> dict[str, float]:
     """An epoch's train loss, test metrics, throughput, time split, the algorithm's numbers, what the user's step
-    logged, the held-out rows' metrics and the world size it trained on (when known)."""
+    logged, the held-out rows' metrics, each param group's learning rate and the world size it trained on (when
+    known)."""
     values = {"train/loss": event.train_loss, **prefixed("test", event.test),
               "throughput/samples_per_second": event.samples_per_second, "time/epoch": event.seconds}
     values.update(prefixed("time", event.seconds_split.parts()))
     values.update(prefixed("algorithm", flat(event.algorithm or {})))
     values.update(prefixed("train", event.train_metrics or {}))  # the user's step's numbers: train/penalty
     values.update(prefixed("held_out", event.validation or {}))  # validation/ is the background validation's
+    values.update(learning_rates(event))
     if world_size:
         values[WORLD_SIZE] = float(world_size)
     return values
+
+
+def learning_rates(event: EpochEnd, separator: str = "/") -> dict[str, float]:
+    """Each param group's learning rate as the epoch began: `lr` for one group, `lr/group0`, `lr/group1`... for
+    several (`separator` joins the parts: the CSV file's columns are dotted); none in an older run's record."""
+    rates = event.learning_rates or []
+    if len(rates) == 1:
+        return {LEARNING_RATE: float(rates[0])}
+    return {f"{LEARNING_RATE}{separator}group{index}": float(rate) for index, rate in enumerate(rates)}
 
 
 def prefixed(prefix: str, values: dict) -> dict[str, float]:

@@ -2,11 +2,12 @@
 
 The columns are fixed by the first epoch's record (the epoch, its totals, every test metric the
 objective can give and the job's own, `train.metrics`, the numbers the user's step logs, the held-out
-rows' metrics, the time split), so a row never needs a column the header lacks; columns are named as
-epoch_end's fields, nested ones dotted (`test.accuracy`, `train_metrics.penalty`, `validation.loss`,
-`seconds_split.compute`), then `world_size`: the workers of the attempt that trained the epoch (it
-changes between epochs in a job whose machines change; a file begun before the column existed goes
-on without it). Each row is flushed to disk as it is written, so a crashed job keeps its epochs. A
+rows' metrics, the time split, each param group's learning rate), so a row never needs a column the header
+lacks; columns are named as epoch_end's fields, nested ones dotted (`test.accuracy`, `train_metrics.penalty`,
+`validation.loss`, `seconds_split.compute`), the learning rates as the other loggers name them, dotted (`lr` for
+an optimizer of one group, `lr.group0`, `lr.group1`... for several), then `world_size`: the workers of the attempt
+that trained the epoch (it changes between epochs in a job whose machines change). A file begun before a column
+existed goes on without it. Each row is flushed to disk as it is written, so a crashed job keeps its epochs. A
 resumed job appends under the header already there (a row cut short by a crash is dropped first); an
 epoch redone after a restart gets a second row, as it has a second record. The file is never opened
 through a symbolic link (`shoal.safe_files`).
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from shoal.events import SPLIT_PARTS, EpochEnd, Event
 from shoal.safe_files import open_file
-from shoal.train.loggers.scalars import WorldSize
+from shoal.train.loggers.scalars import WorldSize, learning_rates
 
 CSV_FILE = "metrics.csv"
 TOTALS = ("epoch", "step", "time", "train_loss", "samples", "seconds", "samples_per_second")
@@ -34,9 +35,10 @@ def columns(test_metrics: Sequence[str]) -> list[str]:
 
 
 def own_columns(event: EpochEnd) -> list[str]:
-    """The columns of the numbers the user's step logs and of the held-out rows' metrics, as the first epoch
-    names them (the step logs the same names every epoch; the held-out metrics are the loss's)."""
-    return [*(f"train_metrics.{name}" for name in event.train_metrics or {}),
+    """The columns of the param groups' learning rates, the numbers the user's step logs and the held-out rows'
+    metrics, as the first epoch names them (the groups, the step's names and the loss's metrics stay the same)."""
+    return [*learning_rates(event, "."),
+            *(f"train_metrics.{name}" for name in event.train_metrics or {}),
             *(f"validation.{name}" for name in event.validation or {})]
 
 
@@ -46,6 +48,7 @@ def row(event: EpochEnd, world_size: int | None = None) -> dict:
     values.update({f"train_metrics.{name}": value for name, value in (event.train_metrics or {}).items()})
     values.update({f"validation.{name}": value for name, value in (event.validation or {}).items()})
     values.update({f"seconds_split.{part}": seconds for part, seconds in event.seconds_split.parts().items()})
+    values.update(learning_rates(event, "."))
     values[WORLD_SIZE] = world_size  # an unknown one is an empty cell
     return values
 

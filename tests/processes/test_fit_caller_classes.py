@@ -1,0 +1,42 @@
+"""`shoal.fit` leaves the caller's classes as they were.
+
+fit writes the model by value, and its own process reads that file again (the launcher's checks, the model it
+returns). Unpickled there, cloudpickle would hand the caller's class, which it finds defined already, the
+methods of the file's copy: code of no file, globals frozen as they were when fit wrote it. So fit's process
+reads the file as the caller's object (shoal.in_process.read_as_given)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+from torch import nn
+
+import shoal
+
+SCALE = 1.0
+"""Read by Scaled.forward at every call, from this module."""
+
+
+class Scaled(nn.Module):
+    """A class of the user's own module: written by value (a worker may not import it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+
+    def forward(self, inputs):
+        return SCALE * self.layer(inputs)
+
+
+def test_a_fit_leaves_the_model_s_class_with_its_own_methods_and_globals(tmp_path, monkeypatch):
+    features = np.random.default_rng(0).normal(size=(256, 4)).astype(np.float32)
+    labels = (features[:, 0] > 0).astype(np.int64)
+    forward = Scaled.forward
+    result = shoal.fit(model=Scaled(), train=(features, labels), workers=1, epochs=1, batch_size=64,
+                       run_dir=tmp_path / "run", output={"progress": "none"}, checkpoint={"every": 0})
+    assert Scaled.forward is forward  # not the copy's
+    assert type(result.model) is Scaled and result.model.training is False
+    monkeypatch.setattr(sys.modules[__name__], "SCALE", 0.0)  # the module's globals, as the caller changes them
+    assert torch.equal(result.model(torch.ones(3, 4)).abs(), torch.zeros(3, 2))
