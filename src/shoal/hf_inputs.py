@@ -141,8 +141,9 @@ def _write_numbers(data: Any, columns: list[str], out: str, where: str, label: s
         _stage(data.select_columns(columns).with_format("arrow"), columns, staged, where)
         try:
             return import_dataset(staged, out, "parquet", label=label, encoding_from=encoding_from)
-        except DataError as error:
-            raise DataError(f"{where}: {str(error).replace(staged, 'the Dataset')}") from None
+        except DataError as error:  # the staged file and the dataset folder are shoal's, not the user's
+            message = str(error).replace(staged, "the Dataset").replace(f"{os.path.abspath(out)}: ", "")
+            raise DataError(f"{where}: {message.replace(f'{out}: ', '')}") from None
     finally:
         os.remove(staged)
 
@@ -220,6 +221,7 @@ def _array_chunks(data: Any, name: str, image: bool, label: str,
         if features.shape[1:] != shape:
             raise ConfigError(f"{where}: {_at(start, name)} has shape {features.shape[1:]}; row 1's has {shape}: "
                               "give every row's array the same shape")
+        features = _channels_first(features) if image else features
         labels = table.column(label).combine_chunks()
         _check_filled(labels, start, 1, label, where)
         yield start, features, _labels(labels)
@@ -263,6 +265,12 @@ def _pictures(images: Any, start: int, name: str, where: str, shape: tuple | Non
             raise ConfigError(f"{where}: {_at(start + offset, name)} is an image of shape {np.shape(image)}; "
                               f"row 1's is {first}: give every image the same size and mode")
     return np.stack(images)
+
+
+def _channels_first(images: np.ndarray) -> np.ndarray:
+    """Decoded images ([N, H, W] grey, [N, H, W, C] colour) as [N, C, H, W], as `shoal data import --format images`
+    stores them, so one conv2d model takes either."""
+    return images[:, None] if images.ndim == 3 else np.ascontiguousarray(images.transpose(0, 3, 1, 2))
 
 
 def _labels(values: pa.Array) -> np.ndarray:

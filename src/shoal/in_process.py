@@ -35,21 +35,37 @@ import shoal.model
 from shoal.cluster.env import DistInfo, threads_per_worker
 from shoal.errors import ShoalError, UserCodeError, described
 from shoal.events import JobEnd, WorkerFailed, append_event
+from shoal.fit_inputs import MODEL_FILE
 from shoal.jobs import load_job
 from shoal.objects import load_object
 
-Loaders = dict[Path, Callable[[], Any]]
-"""A file of the run directory (resolved) -> what reading it gives in this process."""
+Loaders = dict[Path, Callable[[str | Path, str], Any]]
+"""A file of the run directory (resolved) -> what reading it gives in this process, given its path and key."""
 
 
 def caller_objects(run_dir: Path, shipped: dict[str, Any]) -> Loaders:
-    """How each object fit wrote into `run_dir` (`shipped`, by file name) reads back here: the object itself,
-    or for a module a copy of it, fresh at every read (the checks and the worker each build their own, as
-    each reads its own from the file)."""
-    def loader(value: Any) -> Callable[[], Any]:
-        return (lambda: copy.deepcopy(value)) if isinstance(value, torch.nn.Module) else (lambda: value)
+    """How each object fit wrote into `run_dir` (`shipped`, by file name) reads back here: the caller's own code
+    itself, but a model (a module, or what the caller's model function returns) as a copy, fresh at every read:
+    the checks and the worker each build their own, as each reads its own from the file, and the caller's module
+    keeps its weights whatever the job does."""
+    def loader(name: str, value: Any) -> Callable[[str | Path, str], Any]:
+        if isinstance(value, torch.nn.Module):
+            return lambda path, where: fresh(value, path, where)
+        if name == MODEL_FILE and callable(value):
+            return lambda path, where: (lambda: fresh(value(), path, where))
+        return lambda path, where: value
 
-    return {(run_dir / name).resolve(): loader(value) for name, value in shipped.items()}
+    return {(run_dir / name).resolve(): loader(name, value) for name, value in shipped.items()}
+
+
+def fresh(value: Any, path: str | Path, where: str) -> Any:
+    """A copy of the caller's model; a module that cannot be deep-copied (one holding tensors computed from others,
+    such as weight_norm's) is read from the file fit wrote, as a worker reads it."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # deepcopy refuses what pickling takes: the file holds the same model
+        loaded = load_object(path, where)
+        return loaded() if callable(loaded) and not isinstance(loaded, torch.nn.Module) else loaded
 
 
 @contextlib.contextmanager
@@ -58,7 +74,7 @@ def read_as_given(loaders: Loaders) -> Iterator[None]:
     model's, and the code's: shoal.model and shoal.code); any other file reads from disk as usual."""
     def load(path: str | Path, where: str) -> Any:
         found = loaders.get(Path(path).resolve())
-        return found() if found is not None else load_object(path, where)
+        return found(path, where) if found is not None else load_object(path, where)
 
     saved = shoal.code.load_object, shoal.model.load_object
     shoal.code.load_object = shoal.model.load_object = load

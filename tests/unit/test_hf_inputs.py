@@ -80,7 +80,16 @@ def test_nested_lists_and_images_become_arrays(tmp_path):
                                         features=datasets.Features({"image": datasets.Image(),
                                                                     "label": datasets.ClassLabel(num_classes=2)}))
     dataset, features, _ = written(images, tmp_path, "test")
-    assert dataset.shape == (4, 5) and features.reshape(3, 20)[:, 0].tolist() == [0, 1, 2]
+    # channels first, as `shoal data import --format images` stores them: one conv2d model takes either
+    assert dataset.shape == (1, 4, 5) and features.reshape(3, 20)[:, 0].tolist() == [0, 1, 2]
+    colour = datasets.Dataset.from_dict({"image": [np.stack([np.full((4, 5), row, np.uint8),
+                                                             np.zeros((4, 5), np.uint8), np.ones((4, 5), np.uint8)],
+                                                            axis=-1) for row in range(3)], "label": [0, 1, 0]},
+                                        features=datasets.Features({"image": datasets.Image(),
+                                                                    "label": datasets.ClassLabel(num_classes=2)}))
+    dataset, features, _ = written(colour, tmp_path / "colour", "test")
+    planes = features.reshape(3, 3, 4, 5)
+    assert dataset.shape == (3, 4, 5) and planes[:, 0, 0, 0].tolist() == [0, 1, 2] and planes[:, 2].min() == 1
 
 
 def test_a_test_set_takes_the_training_sets_encoding(tmp_path):

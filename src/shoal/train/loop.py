@@ -166,6 +166,8 @@ class Trainer:
         if not isinstance(original, tuple):  # fields: which of them the model takes is the step's to say
             return self.learn(batch, rows, step_in_epoch)
         inputs = ModelInputs(self.model)
+        if not inputs.attach():  # a model that takes no hooks (TorchScript's): trained unchecked
+            return self.learn(batch, rows, step_in_epoch)
         try:
             with inputs:
                 return self.learn(batch, rows, step_in_epoch)

@@ -148,20 +148,30 @@ def _checked_dict(batch: dict[str, Any], result: Any) -> dict[str, Any]:
 
 
 class ModelInputs:
-    """While entered, the positional arguments of each call of the model that has not returned: after a failure,
-    those of the call that raised (`refused`). Hooks on the model for one batch, taken off on leaving."""
+    """Once attached and while entered, the positional arguments of each call of the model that has not returned:
+    after a failure, those of the call that raised (`refused`). Hooks on the model for one batch, taken off on
+    leaving."""
 
     def __init__(self, model: torch.nn.Module):
         self.model, self.open, self.hooks = model, [], []
 
-    def __enter__(self) -> ModelInputs:
-        self.hooks = [self.model.register_forward_pre_hook(self.called),
-                      self.model.register_forward_hook(self.returned)]
+    def attach(self) -> bool:
+        """Put the hooks on the model; False where it takes none (a TorchScript module), nothing left on it."""
+        try:
+            self.hooks.append(self.model.register_forward_pre_hook(self.called))
+            self.hooks.append(self.model.register_forward_hook(self.returned))
+        except RuntimeError:
+            self.__exit__()
+            return False
+        return True
+
+    def __enter__(self) -> ModelInputs:  # attached already
         return self
 
     def __exit__(self, *exception) -> None:
         for hook in self.hooks:
             hook.remove()
+        self.hooks = []
 
     def called(self, module, arguments) -> None:  # returning None leaves the arguments as they are
         self.open.append(arguments)

@@ -125,6 +125,16 @@ def test_declared_classes_and_n_features_are_checked(tmp_path, out):
                  n_features=21)
 
 
+def test_a_test_folder_lacking_a_class_keeps_the_declared_classes_labels(tmp_path, out):
+    """A small test split without one class: with --classes its labels stay those of the training set's classes."""
+    source = tmp_path / "images"
+    save(source / "cat" / "1.png", grey(0))
+    save(source / "emu" / "2.png", grey(3))
+    dataset = import_dataset(str(source), str(out), "images", classes=["cat", "dog", "emu"])
+    assert list(dataset.classes) == ["cat", "dog", "emu"]
+    assert dataset.read_all()[1].tolist() == [0, 2]  # emu is class 2, as in a training folder of all three
+
+
 def test_the_command_line_imports_a_folder(tmp_path, capsys, out):
     source = tmp_path / "images"
     save(source / "a" / "1.png", grey(0))

@@ -106,3 +106,11 @@ def test_a_failing_callable_fit_shipped_is_named_as_fit_s_argument(tmp_path):
         save_object(broken, tmp_path / name, "model")
         with pytest.raises(ConfigError, match=rf"^{key}: the model's callable failed: ValueError: no weights$"):
             from_object(name, tmp_path)
+
+
+def test_a_model_that_takes_no_hooks_trains_unchecked(tmp_path):
+    """A TorchScript module refuses forward hooks: the first batch is trained without the shape check, not failed."""
+    scripted = torch.jit.script(nn.Sequential(nn.Linear(KEPT, CLASSES)))
+    trainer = a_trainer(tmp_path, scripted, transform=crop)
+    stats = trainer.train_epoch(0)
+    assert stats.steps == 3 and stats.rows == 48

@@ -82,7 +82,8 @@ def import_file(request: ImageRequest) -> None:
     if request.n_features is not None and request.n_features != math.prod(shape):
         raise DataError(f"{source}: images have {math.prod(shape)} features (shape {list(shape)}), "
                         f"but n_features={request.n_features}")
-    classes = sorted({picture.label for picture in pictures})
+    declared = request.writer_options.get("declared")  # --classes: every one of them, found here or not
+    classes = sorted({picture.label for picture in pictures} | set(declared.text if declared else ()))
     meta = source_meta("images", source, color=color, size=list(size), resized=request.size is not None)
     rows = rows_per_chunk(shape, np.dtype(np.uint8))
     with import_writer(request.out, shape, np.uint8, request.writer_options, locate=lambda row: pictures[row].path,
