@@ -6,8 +6,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_STAMP := $(VENV)/.demo-stamp
 PEERS_STAMP := $(VENV)/.peers-stamp
+DOCS_STAMP := $(VENV)/.docs-stamp
 
-.PHONY: install demo check test lint bench system-packages
+.PHONY: install demo check test lint bench system-packages docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +19,17 @@ $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	touch $(DEMO_STAMP)
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP) $(DEMO_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,docs]'
+	touch $(STAMP) $(DEMO_STAMP) $(DOCS_STAMP)
+
+# The documentation site (mkdocs.yml, docs/): --strict makes a broken link or anchor, or a page missing from
+# the nav, an error. docs/hooks.py writes docs/reference/ from the code first.
+$(DOCS_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir .site
 
 install: $(STAMP)
 
@@ -60,6 +70,7 @@ check: install
 test: install system-packages
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m compileall -q -j 0 src tests benchmarks
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir .site
 	$(BIN)/python -m pytest -n 2 tests/unit; unit=$$?; $(BIN)/python -m pytest --ignore=tests/unit && exit $$unit
 
 bench: $(PEERS_STAMP)

@@ -103,25 +103,6 @@ def with_an_infinite_weight(features: int = 20) -> nn.Module:
     return WithAnInfiniteWeight(features)
 
 
-class Straggler(nn.Module):
-    """A small MLP that sleeps `delay` seconds in every training forward pass on worker `rank`."""
-
-    def __init__(self, features: int, rank: int, delay: float):
-        super().__init__()
-        self.inner = nn.Sequential(nn.Linear(features, 32), nn.Tanh(), nn.Linear(32, 2))
-        self.slow = os.environ.get("RANK") == str(rank) and delay > 0
-        self.delay = delay
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        if self.training and self.slow:
-            time.sleep(self.delay)
-        return self.inner(inputs)
-
-
-def straggling(features: int = 20, rank: int = 1, delay: float = 0.0) -> nn.Module:
-    return Straggler(features, rank, delay)
-
-
 class Compiled(nn.Module):
     """A small MLP whose activation runs through torch.compile, as a user's own model may: the worker's stand-in for
     the compiler gives way to the real one. `marker` is written with what then answers for the compiler."""

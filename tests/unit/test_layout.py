@@ -7,6 +7,7 @@ tangle the modules fails here in a second instead of in a reviewer's head.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -130,11 +131,12 @@ def test_every_module_says_why_it_exists():
     assert not silent
 
 
-def test_the_readme_lists_exactly_the_registered_algorithms():
+@pytest.mark.parametrize("page", ["README.md", "docs/algorithms.md"])
+def test_the_readme_lists_exactly_the_registered_algorithms(page):
     from shoal.algorithms import catalogue
 
-    readme = (SOURCE.parent / "README.md").read_text()
-    table = readme.split("## Algorithms", 1)[1].split("\n\n", 2)[1]
+    text = (SOURCE.parent / page).read_text()  # the table follows the "Algorithms" heading (# or ##)
+    table = re.split(r"^#{1,2} Algorithms$", text, maxsplit=1, flags=re.M)[1].split("\n\n", 2)[1]
     listed = {row.split("|")[1].strip() for row in table.splitlines()[2:]}
     registered = {f"`{name}`" + (f", `{variant}`" if variant else "") for name, variant, _ in catalogue()}
     assert listed == registered
