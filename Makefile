@@ -86,6 +86,7 @@ bench: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.comm
 	$(BIN)/python -m benchmarks.step_cost
 	$(BIN)/python -m benchmarks.outer
+	$(BIN)/python -m benchmarks.stragglers
 	$(BIN)/python -m benchmarks.own_code
 	$(BIN)/python -m benchmarks.plan_papers
 	$(BIN)/python -m benchmarks.plan_replay
