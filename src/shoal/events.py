@@ -34,6 +34,8 @@ from shoal.safe_files import open_file
 EVENTS_FILE = "events.jsonl"
 KIND_KEY = "event"  # on disk, the record's kind sits beside its fields under this key
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+UNKNOWN = "?"
+"""What a record read without its field holds there (a worker's host, the job's end status): never shown."""
 """A full disk, a full quota, the process's file size limit (RLIMIT_FSIZE): no restart makes room."""
 
 
@@ -81,12 +83,17 @@ class SecondsSplit:
 SPLIT_PARTS = tuple(part.name for part in dataclasses.fields(SecondsSplit))
 
 
+def known_host(host: str | None) -> str | None:
+    """The host as recorded; None for a record without one."""
+    return host if host and host != UNKNOWN else None
+
+
 @dataclass(kw_only=True)
 class WorkerEpoch:
     """One training worker's share of an epoch."""
 
     rank: int = 0
-    host: str = "?"
+    host: str = UNKNOWN
     rows: int = 0
     seconds: float = 0.0
     steps_per_second: float = 0.0
@@ -246,7 +253,7 @@ class WorkerFailed(Event):
     def text(self) -> str:
         """`rank 1 (host) exit code -9 (SIGKILL): message`, with only what the record holds: a node's own failure
         has no rank, a worker that raised or went silent no exit code (its message says what happened)."""
-        host = self.host if self.host and self.host != "?" else None
+        host = known_host(self.host)
         if self.rank is None:
             who = host or "a worker"
         else:
@@ -305,7 +312,7 @@ class JobEnd(Event):
     """The job is over: `completed` (with the final metrics and the model) or `failed`/`interrupted` and why."""
 
     kind: ClassVar[str] = "job_end"
-    status: str = "?"
+    status: str = UNKNOWN
     message: str | None = None
     test: dict[str, float] | None = None
     seconds: float | None = None

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from shoal.data.format import Dataset, open_dataset
 from shoal.data.importers.common import rows_per_chunk
-from shoal.data.in_memory import RANDOM_ADVICE, _write_chunks
+from shoal.data.in_memory import RANDOM_ADVICE, write_chunks
 from shoal.errors import ConfigError, DataError
 
 LABEL_COLUMN = "label"  # the label column when fit's `label` names none, as Hugging Face names it
@@ -197,7 +197,7 @@ def _write_arrays(data: Any, name: str, image: bool, label: str, out: str, where
             raise ConfigError(f"{where}: column {name!r} holds arrays of shape {first[1].shape[1:]}, but the train "
                               f"data's samples have shape {shape}")
     try:
-        return _write_chunks(_chained(first, chunks), out, where, encoding_from)
+        return write_chunks(_chained(first, chunks), out, where, encoding_from)
     except DataError as error:  # the writer names `where` before a message that these chunks' errors begin with
         raise DataError(str(error).replace(f"{where}: {where}: ", f"{where}: ", 1)) from None
 

@@ -18,11 +18,14 @@ SECRET = "0c4f9a2b7d1e8c3a5f6b0d9e2a7c4b81"
 JOB_SECONDS = 120
 
 
-def write_job(folder: Path, algorithm: str) -> str:
-    """A small job any algorithm trains in seconds."""
-    train = folder / "train"
-    if not train.exists():
-        write_dataset(train, rows=600, seed=1)
+def write_job(folder: Path, algorithm: str, train: Path | None = None, test: Path | None = None) -> str:
+    """A small job any algorithm trains in seconds, on rows written into `folder` unless `train` (and `test`) name
+    where the hosts find them."""
+    if train is None:
+        train = folder / "train"
+        if not train.exists():
+            write_dataset(train, rows=600, seed=1)
+    test_line = f'test = "{test}"\n' if test is not None else ""
     path = folder / f"{algorithm}.toml"
     path.write_text(f"""
 [model]
@@ -30,7 +33,7 @@ input = [6]
 layers = [{{ dense = 16, activation = "tanh" }}, {{ dense = 3 }}]
 [data]
 train = "{train}"
-[algorithm]
+{test_line}[algorithm]
 name = "{algorithm}"
 [train]
 epochs = 2

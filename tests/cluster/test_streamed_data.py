@@ -16,36 +16,11 @@ import torch
 
 from shoal.events import read_events
 from shoal.train.artifacts import load_model
-from tests.cluster.jobs import JOB_SECONDS, log_of, train_on_two_hosts
+from tests.cluster.jobs import JOB_SECONDS, log_of, train_on_two_hosts, write_job
 from tests.distributed.common import write_dataset
 
 SEEN = Path("/tmp/data-streamed")  # where both hosts look for the data
 SERVES = "host0 serves the job's datasets to host1, which lack them"
-
-
-def write_job(folder: Path) -> str:
-    """A small sync job (seeded: two runs of it end with the same weights) on the datasets at SEEN."""
-    path = folder / "streamed.toml"
-    path.write_text(f"""
-[model]
-input = [6]
-layers = [{{ dense = 16, activation = "tanh" }}, {{ dense = 3 }}]
-[data]
-train = "{SEEN / 'train'}"
-test = "{SEEN / 'test'}"
-[algorithm]
-name = "sync"
-[train]
-epochs = 2
-batch_size = 32
-optimizer = {{ name = "sgd", lr = 0.1 }}
-[cluster]
-threads = 1
-timeout = 60
-[output]
-progress = "none"
-""")
-    return str(path)
 
 
 def streamed_bytes(run_dir: Path) -> list[int]:
@@ -60,7 +35,7 @@ def test_data_on_host0_only_trains_to_the_weights_of_data_on_both(two_hosts, pro
     data = cluster.private(0) / SEEN.name
     write_dataset(data / "train", rows=600, seed=1)
     write_dataset(data / "test", rows=120, seed=2)
-    job = write_job(cluster.shared)
+    job = write_job(cluster.shared, "sync", SEEN / "train", SEEN / "test")  # seeded: two runs end alike
     alone, copied = cluster.shared / "run-data-on-host0", cluster.shared / "run-data-on-both"
     assert not (cluster.private(1) / SEEN.name).exists()
     train_on_two_hosts(cluster, job, alone, project_env)

@@ -94,7 +94,7 @@ def _write_arrays(features: np.ndarray, labels: np.ndarray, out: str, where: str
         raise ConfigError(f"{where}: {len(features)} rows of features but {len(labels)} labels")
     chunks = ((start, features[start : start + CHUNK_ROWS], labels[start : start + CHUNK_ROWS, 0])
               for start in range(0, len(features), CHUNK_ROWS))
-    return _write_chunks(chunks, out, where, classes_from)
+    return write_chunks(chunks, out, where, classes_from)
 
 
 def _write_map_style(data: Any, out: str, where: str, label: str | None, classes_from: str | None) -> Dataset:
@@ -125,7 +125,7 @@ def _write_items(items: Iterator[tuple[int, Any]], out: str, where: str, label: 
     first = next(items)
     layout = (Fields.of(first[1], label or LABEL_KEY, where) if isinstance(first[1], Mapping)
               else Pairs.of(first[1], label, where))
-    return _write_chunks(_chunks(itertools.chain([first], items), layout, where), out, where, classes_from,
+    return write_chunks(_chunks(itertools.chain([first], items), layout, where), out, where, classes_from,
                          layout.meta())
 
 
@@ -139,7 +139,7 @@ def _chunks(items: Iterator[tuple[int, Any]], layout: Pairs | Fields,
         yield start, *layout.stack(rows, start, where)
 
 
-def _write_chunks(chunks, out: str, where: str, classes_from: str | None, meta: dict | None = None) -> Dataset:
+def write_chunks(chunks, out: str, where: str, classes_from: str | None, meta: dict | None = None) -> Dataset:
     """(first row, features, labels) chunks into a dataset shaped like the first; a failure leaves no folder.
 
     Each chunk is checked before it is written, so that a bad row is named by its place in the user's

@@ -29,6 +29,7 @@ from shoal.events import (
     JobStart,
     Membership,
     WorkerFailed,
+    known_host,
     read_history,
 )
 from shoal.safe_files import new_temporary, refuse_link
@@ -36,9 +37,7 @@ from shoal.train.status import (
     NOT_STARTED,
     balance_text,
     end_message,
-    failure_text,
     host_text,
-    known_host,
     machine_paces,
     machines_text,
     next_rows_text,
@@ -416,7 +415,7 @@ def incidents(history: History) -> list[str]:
     first_machines = next(iter(history.of(Membership)), None)  # the machines it started on: no incident
     for event in history.events:
         if isinstance(event, WorkerFailed):
-            found.append(f"- worker failed: {failure_text(event)}")
+            found.append(f"- worker failed: {event.text()}")
         elif isinstance(event, JobRestarted):
             redone = f", epochs redone: {event.epochs_redone}" if event.epochs_redone is not None else ""
             found.append(f"- restart {event.restart} from {source(event.from_epoch)}{redone}")

@@ -23,6 +23,7 @@ from shoal.config import ClusterConfig
 from shoal.errors import ShoalError, first_line
 from shoal.events import (
     EVENTS_FILE,
+    UNKNOWN,
     Checkpoint,
     DataLoaded,
     EpochEnd,
@@ -35,6 +36,7 @@ from shoal.events import (
     Progress,
     WorkerEpoch,
     WorkerFailed,
+    known_host,
     read_history,
 )
 from shoal.train.directory import JOB_FILE
@@ -55,8 +57,6 @@ MEMBERSHIP_LINES = 4
 """The most changes of machines shown one per line; beyond, the latest few and a count of the others."""
 
 CLEAR_SCREEN = "\033[H\033[2J"
-UNKNOWN = "?"
-"""What a record read without its field holds there (a worker's host, the job's end status): never shown."""
 NOT_STARTED = "the job had not started: no job_start event yet"
 UNKNOWN_STATUS = "ended (status not recorded)"
 DEFAULT_TIMEOUT = ClusterConfig().timeout
@@ -309,21 +309,11 @@ def not_started(run_dir: Path, now: float, gone: bool = False) -> str:
             "started (still loading its data, or its launcher was killed)")
 
 
-def known_host(host: str | None) -> str | None:
-    """The host as recorded; None for a record without one."""
-    return host if host and host != UNKNOWN else None
-
-
-def failure_text(failure: WorkerFailed) -> str:
-    """`rank 1 (host-1) exit code -9 (SIGKILL): killed by the kernel`, with only what the record holds."""
-    return failure.text()
-
-
 def end_message(end: JobEnd, failures: list[WorkerFailed]) -> str | None:
     """The job's end message; where the launcher wrote its last failure's text (`exit code ?` where none was
-    recorded), that failure told as failure_text tells it."""
+    recorded), that failure told as its text() tells it."""
     if end.message and failures and end.message in (failures[-1].text(), failures[-1].text_before()):
-        return failure_text(failures[-1])
+        return failures[-1].text()
     return end.message
 
 
@@ -460,7 +450,7 @@ def render(summary: Status) -> str:
     lines += shares_lines(summary.last_epoch)
     restarts = f"restarts {summary.restarts}"
     if summary.last_failure:
-        restarts += f"  last failure: {failure_text(summary.last_failure)}"
+        restarts += f"  last failure: {summary.last_failure.text()}"
     lines.append(restarts)
     checkpoint = summary.last_checkpoint
     lines.append(f"checkpoints {summary.checkpoints}"

@@ -11,7 +11,7 @@ import pytest
 from shoal.cli import main
 from shoal.events import WorkerFailed
 from shoal.train.report import write_report
-from shoal.train.status import failure_text, render, summarize
+from shoal.train.status import render, summarize
 from tests.unit.train.test_status_report import epoch_end, job_start, write_events
 
 PLACEHOLDER = re.compile(r"(?<![\w)])\?|\? ")
@@ -90,12 +90,12 @@ def test_a_failure_without_an_exit_code_says_what_it_holds(raised):
 
 
 def test_failure_text_tells_what_is_known():
-    assert failure_text(WorkerFailed(rank=1, host="h", exit_code=-9, signal="SIGKILL", message="killed")) == \
+    assert WorkerFailed(rank=1, host="h", exit_code=-9, signal="SIGKILL", message="killed").text() == \
         "rank 1 (h) exit code -9 (SIGKILL): killed"
-    assert failure_text(WorkerFailed(rank=1, host="h", signal="SIGTERM")) == "rank 1 (h) stopped by SIGTERM"
-    assert failure_text(WorkerFailed(rank=1)) == "rank 1, exit code not recorded"
-    assert failure_text(WorkerFailed(host="?", message="the workers failed")) == "a worker: the workers failed"
-    assert failure_text(WorkerFailed()) == "a worker, exit code not recorded"
+    assert WorkerFailed(rank=1, host="h", signal="SIGTERM").text() == "rank 1 (h) stopped by SIGTERM"
+    assert WorkerFailed(rank=1).text() == "rank 1, exit code not recorded"
+    assert WorkerFailed(host="?", message="the workers failed").text() == "a worker: the workers failed"
+    assert WorkerFailed().text() == "a worker, exit code not recorded"
 
 
 def test_records_without_their_fields_leave_those_fields_out(sparse):
