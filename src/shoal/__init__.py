@@ -20,8 +20,9 @@ _EXPORTS = {
     "JobConfig": "shoal.config",
     "load_job": "shoal.jobs",
     "ShoalError": "shoal.errors",
-    "load_model": "shoal.train.artifacts",
-    "predict": "shoal.train.predictions",
+    "WorkerError": "shoal.errors",
+    "load_model": "shoal.run.artifacts",
+    "predict": "shoal.inference.predictions",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from shoal.errors import EXIT_USAGE, ShoalError
+from shoal.errors import EXIT_USAGE, ShoalError, WorkerError
 
 DESCRIPTION = "shoal: train one neural network across many commodity machines."
 
@@ -22,23 +22,13 @@ def command_train(args: argparse.Namespace) -> int:
 
 
 def train_here(args: argparse.Namespace, server=None) -> int:
-    """`shoal train` on this machine; `server`: the fork server its workers fork from (shoal.cluster.node), if any."""
-    from shoal.api import final_metrics, resolve_job, resumed_job, start
+    """`shoal train` on this machine: its arguments as a Launch (shoal.launching), run; `server`: the fork server
+    its workers fork from (shoal.cluster.node), if any."""
     from shoal.cluster.interface import use_interface
-    from shoal.cluster.node.rendezvous import Nodes, require_secret
-    from shoal.cluster.signals import Interrupted
-    from shoal.train.directory import new_run_dir
+    from shoal.cluster.node.rendezvous import Nodes
+    from shoal.launching import Launch, job_to_run, resolve_job
 
-    if args.resume is not None and not (args.resume / "job.toml").exists():
-        raise ShoalError(f"{args.resume}: no job.toml: not a shoal run directory")
-    if args.resume is None and args.job is None:
-        raise ShoalError("train: give a job file, or --resume RUN_DIR")
-    if args.trust_code and args.resume is None:
-        raise ShoalError("--trust-code: only with --resume RUN_DIR (a job file you name is trusted as it is)")
-    if args.job is None:  # the run directory's job.toml: data, whose factory runs only on the user's word
-        job = resumed_job(args.resume, args.overrides, args.trust_code)
-    else:
-        job = resolve_job(args.job, args.overrides)
+    job = job_to_run(args.job, args.resume, args.overrides, args.trust_code)
     if args.max_restarts < 0:
         raise ShoalError(f"--max-restarts: must be >= 0, got {args.max_restarts}")
     if args.hosts or args.hostfile or (job.cluster.hosts and not args.stop_when_input_closes
@@ -47,32 +37,31 @@ def train_here(args: argparse.Namespace, server=None) -> int:
             server.close()
         return command_train_hosts(args, job)
     minimum, maximum = machines(args, job)
-    if args.node_rank is not None and not 0 <= args.node_rank < (maximum if minimum == maximum else 1):
-        raise ShoalError(f"--node-rank: must be in 0..{maximum - 1}, got {args.node_rank}" if minimum == maximum else
-                         f"--node-rank: with --nnodes {minimum}:{maximum} machines are numbered as they join: give "
-                         "none (the endpoint's machine is node 0)")
     job = resolve_job(job, [], workers_for(args.workers, job, maximum))
     nodes = Nodes(count=maximum, minimum=minimum, rank=args.node_rank, endpoint=args.rdzv_endpoint,
                   secret=node_secret(args), insecure=args.insecure)
-    require_secret(nodes)  # before the run directory is made
-    if args.resume is not None:
-        run_dir = args.resume
-    else:
-        if maximum > 1 and args.run_dir is None and not job.output.run_dir:
-            # each machine would pick its own dated folder, and a resume would not find the others'
-            raise ShoalError("--run-dir: required with --nnodes > 1 (the same path on every machine)")
-        # a machine that may join a running job finds the first machine's run where they share the folder
-        run_dir = new_run_dir(job, args.run_dir, joining=maximum > 1 and args.node_rank != 0)
+    launch = Launch.create(job, args.resume or args.run_dir, nodes, resume=args.resume is not None,
+                           max_restarts=args.max_restarts, server=server)
     if args.interface:
         use_interface(args.interface)  # the workers inherit it
+    return run_launch(launch)
+
+
+def run_launch(launch) -> int:
+    """Run `launch` (shoal.launching.Launch) and tell how it ended: its final metrics and run directory, or
+    how to go on after an interruption."""
+    from shoal.cluster.signals import Interrupted
+    from shoal.launching import final_metrics
+
+    run_dir = launch.run_dir
     try:
-        start(job, run_dir, nodes, resume=args.resume is not None, max_restarts=args.max_restarts, server=server)
+        launch.run()
     except Interrupted as interrupt:
         if getattr(interrupt, "job_goes_on", False):  # one machine of a job of changing machines left it
             print(f"shoal: {interrupt}; the job goes on without this machine: the same command again joins it",
                   file=sys.stderr)
         else:
-            print(f"shoal: {interrupt}; continue with: shoal train --resume {run_dir}{trust_flag(job)}",
+            print(f"shoal: {interrupt}; continue with: shoal train --resume {run_dir}{trust_flag(launch.job)}",
                   file=sys.stderr)
         return interrupt.exit_code
     if (run_dir / "model.pt").exists():  # this node ran the coordinator
@@ -148,10 +137,9 @@ def command_train_hosts(args: argparse.Namespace, job) -> int:
     """--hosts, --hostfile or cluster.hosts: start every host's node from here (shoal.cluster.remote)."""
     import secrets
 
-    from shoal.api import resolve_job
     from shoal.cluster.remote import Fleet, agree_workers, node_commands, parse_hosts, read_hostfile
     from shoal.cluster.signals import Interrupted
-    from shoal.train.directory import new_run_dir
+    from shoal.launching import check_trusted_hosts, new_run_directory, resolve_job
 
     if args.nnodes not in (None, "1") or args.node_rank is not None or args.rdzv_endpoint or args.interface:
         raise ShoalError("--hosts: the nodes' ranks, meeting place and interfaces are chosen for them; leave out "
@@ -159,8 +147,6 @@ def command_train_hosts(args: argparse.Namespace, job) -> int:
     if args.hosts and args.hostfile:
         raise ShoalError("--hosts and --hostfile: give one of them")
     if args.job is None:  # the run directory's job.toml: its hosts and remote command are data too
-        from shoal.api import check_trusted_hosts
-
         check_trusted_hosts(job, args.resume, args.overrides, args.trust_code,
                             hosts_given=bool(args.hosts or args.hostfile))
     if args.hostfile:
@@ -173,7 +159,7 @@ def command_train_hosts(args: argparse.Namespace, job) -> int:
         arguments = [*([str(args.job.resolve())] if args.job else []), "--resume", str(run_dir),
                      *(["--trust-code"] if args.trust_code else [])]
     else:
-        run_dir = new_run_dir(job, args.run_dir).resolve()  # the same absolute path on every host
+        run_dir = new_run_directory(job, args.run_dir).resolve()  # the same absolute path on every host
         arguments = [str(args.job.resolve()), "--run-dir", str(run_dir)]
     for override in args.overrides:
         arguments += ["--set", override]
@@ -287,7 +273,7 @@ def command_sample(args: argparse.Namespace) -> int:
 
 
 def command_predict(args: argparse.Namespace) -> int:
-    from shoal.train.predictions import predict
+    from shoal.inference.predictions import predict
 
     rows = predict(args.run_dir, args.dataset, args.out, overwrite=args.overwrite, trust_code=args.trust_code,
                    workers=args.workers, memory=args.memory)
@@ -296,7 +282,7 @@ def command_predict(args: argparse.Namespace) -> int:
 
 
 def command_export(args: argparse.Namespace) -> int:
-    from shoal.train.export import export
+    from shoal.inference.export import export
 
     out = export(args.run_dir, args.format, args.out, overwrite=args.overwrite, trust_code=args.trust_code)
     print(f"{out}: the model as {args.format}")
@@ -304,7 +290,7 @@ def command_export(args: argparse.Namespace) -> int:
 
 
 def command_status(args: argparse.Namespace) -> int:
-    from shoal.train.status import render, summarize, watch
+    from shoal.run.status import render, summarize, watch
 
     if args.watch is None:
         print(render(summarize(args.run_dir)))
@@ -324,7 +310,7 @@ def command_algorithms(args: argparse.Namespace) -> int:
 
 
 def command_report(args: argparse.Namespace) -> int:
-    from shoal.train.report import write_report
+    from shoal.run.report import write_report
 
     print(write_report(args.run_dir))
     return 0
@@ -625,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.handler(args)
-    except ShoalError as error:
+    except (ShoalError, WorkerError) as error:  # the user's input, or a job that failed: one line
         print(f"shoal: error: {error}", file=sys.stderr)
         return getattr(error, "exit_code", EXIT_USAGE)
     except KeyboardInterrupt:

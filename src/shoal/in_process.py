@@ -33,7 +33,7 @@ import torch
 import shoal.code
 import shoal.model
 from shoal.cluster.env import DistInfo, threads_per_worker
-from shoal.errors import ShoalError, UserCodeError, described
+from shoal.errors import ShoalError, UserCodeError, WorkerError, described
 from shoal.events import JobEnd, WorkerFailed, append_event
 from shoal.fit_inputs import MODEL_FILE
 from shoal.jobs import load_job
@@ -154,7 +154,7 @@ def record_failure(run_dir: Path, error: BaseException) -> None:
     """What a one-worker job's launcher records of its worker's failure: the cause, then the job's end."""
     message = described(error)
     host = DistInfo().host
-    exit_code = error.exit_code if isinstance(error, ShoalError) else 1
+    exit_code = error.exit_code if isinstance(error, (ShoalError, WorkerError)) else 1
     append_event(run_dir, WorkerFailed(rank=0, host=host, exit_code=exit_code, message=message))
     traceback = shoal.code.user_traceback(error, shoal.code.TRACEBACK_LINES)
     append_event(run_dir, JobEnd(status="failed", message=f"worker rank 0 on {host} failed: {message}",

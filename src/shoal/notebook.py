@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from shoal.events import EVENTS_FILE, read_history
-from shoal.train.status import metrics_text
+from shoal.run.status import metrics_text
 
 
 def in_notebook() -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import faulthandler
 import json
 import os
@@ -29,14 +30,12 @@ from shoal.cluster.regroup import Regroup, regroup_stop
 from shoal.cluster.requeue import EXIT_REQUEUED, EpochEndStop, StopRequested, requeue
 from shoal.code import TRACEBACK_LINES, USER_TRACEBACK, user_traceback, with_file_names
 from shoal.durable import write_bytes_durably
-from shoal.errors import ShoalError, first_line, lost_peer
+from shoal.errors import CONSEQUENCE, PeerLost, ShoalError, WorkerError, first_line, lost_peer
 from shoal.events import JobEnd, append_event
 from shoal.jobs import load_job
 from shoal.objects import load_object
 from shoal.process import end_process
-from shoal.train.directory import new_run_dir, write_job_file
 from shoal.train.exits import outside_recorder
-from shoal.train.lock import hold_run_dir
 from shoal.train.runner import run_worker
 from shoal.train.uncompiled import defer_compiler
 
@@ -66,18 +65,15 @@ def run(argv: list[str] | None = None) -> dict:
         regroup_stop()
     held = contextlib.ExitStack()
     try:
-        chosen = Path(args.run_dir) if args.run_dir else (new_run_dir(job, None) if info.rank == 0 else None)
+        chosen = Path(args.run_dir) if args.run_dir else (new_run(job) if info.rank == 0 else None)
         decided = Path(Communicator(info.rank, info.world_size, device=device).broadcast_object(str(chosen)))
         run_dir = Path(args.run_dir) if args.run_dir else decided  # a rank told its folder keeps it (its machine's)
-        if info.rank == 0:
-            if not named(info.launcher).holds_run_dir:  # torchrun, srun or mpirun: rank 0 holds it for the job
-                held.enter_context(hold_run_dir(run_dir))
-            run_dir.mkdir(parents=True, exist_ok=True)
-            write_job_file(run_dir, job, replace=False)
-        if recorder is not None:
-            recorder.started(run_dir)
         # restarted by torchrun's own agent, or requeued by SLURM: continue from the newest checkpoint
         resume = args.resume or info.restarts > 0 or info.requeued > 0
+        if info.rank == 0 and not named(info.launcher).holds_run_dir:  # torchrun, srun or mpirun
+            held.enter_context(launched(job, run_dir, resume))
+        if recorder is not None:
+            recorder.started(run_dir)
         # rank 0 calls them
         callbacks = with_file_names(load_object(args.callbacks, "--callbacks")) if args.callbacks else []
         return run_worker(job, info, run_dir, threads, resume=resume, stop=stop, callbacks=callbacks,
@@ -90,12 +86,32 @@ def run(argv: list[str] | None = None) -> dict:
         raise
     except Exception as error:
         if recorder is not None:
-            recorder.failed(first_line(error), user_traceback(error, TRACEBACK_LINES))
+            recorder.failed(first_line(error), user_traceback(error, TRACEBACK_LINES), consequence=lost_peer(error))
         raise
     finally:
         held.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def new_run(job) -> Path:
+    """Rank 0's choice of a new run's directory where no launcher of shoal's chose it (shoal.launching's rule)."""
+    from shoal.launching import new_run_directory  # under torchrun, srun or mpirun only
+
+    return new_run_directory(job)
+
+
+@contextlib.contextmanager
+def launched(job, run_dir: Path, resume: bool):
+    """What shoal's launcher does before its workers start, done by rank 0 under torchrun, srun or mpirun
+    (shoal.launching.Launch): hold the run directory for the whole job, and write the resolved job file there,
+    keeping one already written (a restarted or requeued job's)."""
+    from shoal.launching import Launch  # under torchrun, srun or mpirun only
+
+    launch = Launch(copy.deepcopy(job), run_dir, resume=resume)  # this worker trains on the job as it loaded it
+    with launch.hold():
+        launch.write(replace=False)
+        yield
 
 
 def leave_for_stalled_peer(rank: int, recorder):
@@ -107,9 +123,9 @@ def leave_for_stalled_peer(rank: int, recorder):
     def leave(quiet: dict) -> None:
         message = f"worker rank {quiet['rank']} on {quiet['host']} {silence(quiet)}; rank {rank} waited for it"
         try:
-            record_failure(RuntimeError(message))
+            record_failure(PeerLost(message))
             if recorder is not None:  # under torchrun, srun or mpirun: this worker's exit, for rank 0's record
-                recorder.failed(message)
+                recorder.failed(message, consequence=True)
             print(f"shoal worker {rank}: stopping: {message}", file=sys.stderr, flush=True)
         finally:  # whatever happened above, this worker must not wait on
             end_process(1)
@@ -144,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.enable(all_threads=True)  # a crash in native code still prints every thread's stack
     try:
         run(argv)
-    except ShoalError as error:
+    except (ShoalError, WorkerError) as error:  # a user error, or a job's failure this worker saw: one line
         record_failure(error)
         if (frames := user_traceback(error)) is not None:  # the user's own frames, to debug by
             print(frames, file=sys.stderr)
@@ -166,10 +182,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _lost_a_peer(error: BaseException) -> bool:
-    """Whether `error` only says that another worker went away (torch's collectives raise RuntimeError);
-    SHOAL_DEBUG_LAUNCH keeps the traceback."""
-    return (isinstance(error, RuntimeError) and lost_peer(str(error))
-            and not os.environ.get("SHOAL_DEBUG_LAUNCH"))
+    """Whether `error` only says that another worker went away (`lost_peer`); SHOAL_DEBUG_LAUNCH keeps the
+    traceback."""
+    return lost_peer(error) and not os.environ.get("SHOAL_DEBUG_LAUNCH")
 
 
 def _peer_reason(error: BaseException) -> str:
@@ -190,8 +205,9 @@ def record_failure(error: BaseException) -> None:
                "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))}}
     if (frames := user_traceback(error, TRACEBACK_LINES)) is not None:  # for job_end, by the launcher
         message["extraInfo"][USER_TRACEBACK] = frames
+    record = {"message": message, CONSEQUENCE: lost_peer(error)}  # told by type here: the launcher has only this
     with contextlib.suppress(OSError):  # the failure itself is what matters; it is printed either way
-        write_bytes_durably(path, json.dumps({"message": message}).encode())
+        write_bytes_durably(path, json.dumps(record).encode())
 
 
 if __name__ == "__main__":

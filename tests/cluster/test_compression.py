@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from shoal.events import read_history
-from shoal.train.artifacts import load_model
+from shoal.run.artifacts import load_model
 from tests.cluster.jobs import JOB_SECONDS, start_on_two_hosts
 from tests.distributed.common import write_dataset
 

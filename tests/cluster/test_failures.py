@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from shoal.events import read_events
-from shoal.train.artifacts import load_model
+from shoal.run.artifacts import load_model
 from shoal.train.exits import WITHOUT_A_WORD
 from tests.cluster.jobs import PORT, log_of, start_on_two_hosts, train_on_one_host, write_sabotaged_job
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from shoal.events import read_events
-from shoal.train.artifacts import load_model
+from shoal.run.artifacts import load_model
 from tests.cluster.jobs import JOB_SECONDS, train_on_one_host, write_job, write_sabotaged_job
 from tests.cluster.slurm import EmulatedSlurm, missing_requirements
 

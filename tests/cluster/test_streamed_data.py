@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from shoal.events import read_events
-from shoal.train.artifacts import load_model
+from shoal.run.artifacts import load_model
 from tests.cluster.jobs import JOB_SECONDS, log_of, train_on_two_hosts, write_job
 from tests.distributed.common import write_dataset
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shoal.events import read_events
-from shoal.train.artifacts import load_model
+from shoal.run.artifacts import load_model
 from tests.cluster.jobs import JOB_SECONDS, train_on_one_host, train_on_two_hosts, write_job
 
 

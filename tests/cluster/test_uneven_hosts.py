@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from shoal.events import read_events
-from shoal.train.artifacts import load_model
+from shoal.run.artifacts import load_model
 from tests.cluster.jobs import JOB_SECONDS, PORT, wait_for_nodes, write_job
 
 LAYOUT = {0: "host0", 1: "host0", 2: "host1"}  # rank: the machine it ran on

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shoal.train.status import LAUNCHER_GONE
+from shoal.run.status import LAUNCHER_GONE
 from tests.unit.test_trust import write_dataset
 
 TIMEOUT = 120

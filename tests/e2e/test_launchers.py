@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from shoal.events import read_events
-from shoal.train.artifacts import load_model
+from shoal.run.artifacts import load_model
 from shoal.train.exits import WITHOUT_A_WORD
 from tests.cluster.jobs import train_on_one_host, write_job, write_sabotaged_job
 from tests.distributed.harness import free_port

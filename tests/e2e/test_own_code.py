@@ -19,7 +19,7 @@ from torch import nn
 import shoal
 from shoal.errors import ConfigError, ShoalError
 from shoal.events import read_events
-from shoal.train.export import export
+from shoal.inference.export import export
 from tests.e2e.jobs import FEATURES, write_task
 
 ROWS, TEST_ROWS, BATCH = 1200, 300, 50

@@ -19,7 +19,7 @@ import shoal
 from shoal.data import leftovers
 from shoal.data.importers import import_dataset
 from shoal.errors import ShoalError
-from shoal.train import predictions
+from shoal.inference import predictions
 from tests.e2e.jobs import FEATURES, train_small
 
 ROWS = 200_000  # with 16 kB batches, a couple of minutes of work for two processes: killed well before the end

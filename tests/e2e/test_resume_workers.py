@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from shoal.events import read_events
-from shoal.train.status import render, summarize
+from shoal.run.status import render, summarize
 from tests.e2e.jobs import MODEL, write_task
 
 TIMEOUT = 60

@@ -14,7 +14,7 @@ import pytest
 import shoal
 from shoal.data.format import open_dataset
 from shoal.events import read_events
-from shoal.train.lock import hold_run_dir
+from shoal.run.lock import hold_run_dir
 from tests.distributed.harness import free_port
 from tests.e2e.jobs import write_job, write_task
 

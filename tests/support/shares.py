@@ -1,6 +1,6 @@
 """The rows each training worker visits under a share plan, for tests that rebuild training by hand.
 
-A `Plan` gives worker i the contiguous rows `plan.range(i)` and its batches `plan.bounds(i)` over its
+A `RowShares` gives worker i the contiguous rows `plan.range(i)` and its batches `plan.bounds(i)` over its
 seeded epoch order; the loader visits exactly these rows, so a reference computed from them trains on
 the same data as the workers.
 """
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from shoal.data.balance import Plan
+from shoal.data.balance import RowShares
 from shoal.data.format import DatasetWriter
 from shoal.data.partition import epoch_order
 
 
-def worker_batches(plan: Plan, worker: int, seed: int, epoch: int) -> list[np.ndarray]:
+def worker_batches(plan: RowShares, worker: int, seed: int, epoch: int) -> list[np.ndarray]:
     """The dataset-wide rows of each batch of worker `worker` this epoch, as a loader holding them in RAM reads them."""
     start, stop = plan.range(worker)
     order = epoch_order(stop - start, seed=seed, epoch=epoch, rank=worker)

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-import shoal.api
+import shoal.launching
 from shoal.api import resolve_job, resumed_job, start
 from shoal.cli import main
+from shoal.cluster.node import supervisor
 from shoal.data.format import DatasetWriter
 from shoal.errors import ConfigError
 from shoal.fit_inputs import check_data_kept, code_arguments, datasets_on_disk
@@ -37,7 +38,7 @@ def job_table(**cluster) -> dict:
 def no_workers(monkeypatch):
     """start() up to the point where it would start workers: the plans it would have started."""
     plans = []
-    monkeypatch.setattr(shoal.api, "supervise", lambda plan, nodes: plans.append(plan))
+    monkeypatch.setattr(supervisor, "supervise", lambda job, nodes, hooks: plans.append(job))
     return plans
 
 
@@ -128,7 +129,7 @@ def test_the_run_keeps_absolute_data_paths_so_a_resume_from_another_folder_reads
 
 
 def test_a_uri_is_kept_as_it_is(tmp_path, monkeypatch, no_workers):
-    monkeypatch.setattr(shoal.api, "prepare", lambda *_, **__: (_ for _ in ()).throw(ConfigError("stop here")))
+    monkeypatch.setattr(shoal.launching, "prepare", lambda *_, **__: (_ for _ in ()).throw(ConfigError("stop here")))
     job = resolve_job(job_table() | {"data": {"train": "s3://bucket/train"}})
     with pytest.raises(ConfigError, match="stop here"):
         start(job, tmp_path / "run")

@@ -9,7 +9,7 @@ import pytest
 
 from shoal.cli import main
 from shoal.events import EVENTS_FILE, read_history
-from tests.unit.train.test_status_report import job_start, kept_epoch
+from tests.unit.run.test_status_report import job_start, kept_epoch
 
 HUGE = 10**400  # a JSON integer no float holds
 

@@ -24,13 +24,20 @@ FORBIDDEN = {
     "shoal.cluster": ("shoal.algorithms", "shoal.train", "shoal.api", "shoal.cli", "shoal.jobs", "shoal.worker"),
     "shoal.data": ("shoal.algorithms", "shoal.train", "shoal.cluster", "shoal.api", "shoal.cli", "shoal.worker"),
     "shoal.algorithms": ("shoal.train", "shoal.api", "shoal.cli", "shoal.jobs", "shoal.worker", "shoal.bench"),
-    "shoal.train": ("shoal.api", "shoal.cli", "shoal.worker", "shoal.bench", "shoal.plan"),
-    "shoal.worker": ("shoal.api", "shoal.cli", "shoal.bench", "shoal.plan"),
-    "shoal.plan": ("shoal.api", "shoal.cli", "shoal.worker", "shoal.jobs"),
+    # the run directory and its readers sit below training, which saves its model.pt: status reads no loop
+    "shoal.run": ("shoal.cluster", "shoal.algorithms", "shoal.train", "shoal.inference", "shoal.api", "shoal.cli",
+                  "shoal.jobs", "shoal.worker", "shoal.bench", "shoal.plan"),
+    "shoal.train": ("shoal.inference", "shoal.api", "shoal.cli", "shoal.worker", "shoal.bench", "shoal.plan"),
+    # a trained model put to use, above training (the loss reads its outputs): no job, no algorithm
+    "shoal.inference": ("shoal.algorithms", "shoal.api", "shoal.cli", "shoal.jobs", "shoal.worker", "shoal.bench",
+                        "shoal.plan"),
+    "shoal.worker": ("shoal.inference", "shoal.api", "shoal.cli", "shoal.bench", "shoal.plan"),
+    "shoal.plan": ("shoal.inference", "shoal.api", "shoal.cli", "shoal.worker", "shoal.jobs"),
 }
 for lower in ("shoal.events", "shoal.config", "shoal.cluster", "shoal.data", "shoal.algorithms"):
     FORBIDDEN[lower] += ("shoal.plan",)  # the planner sits beside bench, above training
-SHORT_FUNCTION_PACKAGES = ("train", "algorithms", "cluster", "plan")
+    FORBIDDEN[lower] += ("shoal.run", "shoal.inference")  # a run's files and their use come after these
+SHORT_FUNCTION_PACKAGES = ("train", "run", "inference", "algorithms", "cluster", "plan")
 LONGEST_FUNCTION = 60
 
 

@@ -18,13 +18,12 @@ from shoal.durable import write_text_durably
 from shoal.errors import ConfigError
 from shoal.events import EVENTS_FILE, Checkpoint, EventLog, append_event
 from shoal.jobs import from_dict
-from shoal.train.artifacts import MODEL_FILE, save_model
+from shoal.run.artifacts import MODEL_FILE, save_model
+from shoal.run.directory import JOB_FILE, new_run_dir, write_job_file
+from shoal.run.lock import KEPT, LOCK_FILE, hold_run_dir
+from shoal.run.report import REPORT_FILE, save_atomically, write_report
 from shoal.train.checkpoint import CHECKPOINTS, Checkpointer, checkpoint_folders, folder_name
-from shoal.train.directory import JOB_FILE, new_run_dir, write_job_file
-from shoal.train.lock import KEPT, LOCK_FILE, hold_run_dir
 from shoal.train.loggers.to_csv import CSV_FILE, CsvLogger
-from shoal.train.objective import Objective
-from shoal.train.report import REPORT_FILE, save_atomically, write_report
 
 VICTIM_TEXT = "the user's own file, not shoal's\n"
 
@@ -102,7 +101,7 @@ def test_the_job_file_is_never_written_through_a_link(run, victim):
 
 def save_demo_model(run_dir: Path) -> Path:
     return save_model(run_dir, torch.nn.Linear(4, 2), {"input": [4], "layers": [{"dense": 2}]},
-                      Objective("cross_entropy", 2), [0, 1], "float32")
+                      "cross_entropy", [0, 1], "float32")
 
 
 def test_model_pt_is_never_written_through_a_link_nor_through_its_old_temporary_name(run, victim):

@@ -23,8 +23,7 @@ from shoal.cli import main, trust_flag
 from shoal.data.format import DatasetWriter
 from shoal.errors import ConfigError
 from shoal.model import build_model, from_factory
-from shoal.train.artifacts import save_model
-from shoal.train.objective import Objective
+from shoal.run.artifacts import save_model
 from tests.support.factories import FACTORIES
 
 pytestmark = pytest.mark.usefixtures("quiet_environment")
@@ -44,7 +43,7 @@ def malicious_spec(marker: Path) -> dict:
 def write_run(run_dir: Path, spec: dict) -> Path:
     """A run directory holding a model.pt with this spec (and weights that fit a 3 -> 2 linear layer)."""
     run_dir.mkdir()
-    save_model(run_dir, nn.Sequential(nn.Linear(3, 2)), spec, Objective("cross_entropy", 2), [0, 1], "float32")
+    save_model(run_dir, nn.Sequential(nn.Linear(3, 2)), spec, "cross_entropy", [0, 1], "float32")
     return run_dir
 
 

@@ -107,8 +107,8 @@ class ModelAveraging(CollectiveAlgorithm):
     def same_steps(self) -> bool:
         return False  # a faster worker takes more steps between rounds
 
-    def setup(self, model, optimizer, comm) -> None:
-        super().setup(model, optimizer, comm)
+    def setup(self, model, optimizer, comm, on_update=None) -> None:
+        super().setup(model, optimizer, comm, on_update)
         self.state = FlatBuffer(model_state(model), extra=1)  # the last slot carries the rows, when weighed
         self.group_comm = None
         if self.options.group_period is not None:

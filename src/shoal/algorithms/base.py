@@ -1,8 +1,10 @@
 """What every algorithm is: options, one validation entry point, hooks around the loop, state.
 
 Two families build on this: collective algorithms (`collective.py`: every rank trains and they
-meet in collectives) and parameter-server algorithms (`server.py`: ranks have roles). The
-training loop calls only the three trainer hooks below, so a new algorithm never changes it.
+meet in collectives) and parameter-server algorithms (`server.py`: ranks have roles). The runner
+and the training loop call only the hooks below, whatever the family (those only a server needs,
+`setup`'s `on_update` and `shares_changed`, do nothing here), so a new algorithm never changes
+them: it overrides the hooks it needs (an override of `setup` takes `on_update` and passes it on).
 A resume on another number of workers gives every rank rank 0's state, and `reshard_` makes it
 that rank's own.
 """
@@ -10,6 +12,7 @@ that rank's own.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -36,6 +39,10 @@ class Algorithm:
     Options: ClassVar[type] = NoOptions
     supports_groups: ClassVar[bool] = False
     """Whether cluster.groups > 1 means something to this algorithm."""
+    counts_nominal_steps: ClassVar[bool] = True
+    """Where workers run their own step counts (speed shares): whether `after_step` is told the steps of the
+    nominal clock, each of which every worker completes once (a collective algorithm's rounds, which every
+    worker enters), rather than this worker's own (a parameter server's trainer exchanges on its own count)."""
 
     def __init__(self, options=None, groups: int | list[list[int]] = 1):
         """`groups`: cluster.groups as a count, or the members of each group (ranks, one group per machine)."""
@@ -76,12 +83,19 @@ class Algorithm:
             raise ConfigError(f"cluster.groups: {self.title()} has no groups; set cluster.groups = 1, or choose "
                               "an algorithm with groups (`shoal algorithms` lists them)")
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, comm: Communicator) -> None:
-        """Bind to the model, optimizer and communicator; start every rank from rank 0's weights."""
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer, comm: Communicator,
+              on_update: Callable[[int], None] | None = None) -> None:
+        """Bind to the model, optimizer and communicator; start every rank from rank 0's weights. `on_update`:
+        called with the version after every update a server applies (an algorithm without one applies none)."""
         self.model, self.optimizer, self.comm = model, optimizer, comm
         flat = FlatBuffer(model_state(model))
         comm.broadcast_(flat.pack(), source=0)
         flat.unpack_()
+
+    def shares_changed(self, steps_by_trainer: dict[int, int]) -> None:
+        """Told each training rank's steps an epoch (by rank): after `setup`, and again at an epoch's start
+        whenever the shares moved (cluster.balance). A server serves until every update they send has come;
+        a collective algorithm counts its rounds on the nominal clock and need not know."""
 
     def before_backward(self, weight: float, rows: int, final: bool) -> None:
         """Called before loss.backward(): `weight` turns the gradients it leaves into a rows-weighted sum (the
@@ -92,9 +106,9 @@ class Algorithm:
         """Called after loss.backward() on a batch of `rows` rows, before the optimizer's step."""
 
     def after_step(self, step: int) -> None:
-        """Called after the update of global step `step` (counted from 1 across epochs). Where a collective
-        algorithm's workers run their own step counts (shares sized by speed) the steps are those of the
-        nominal clock: a batch may complete none, one or several, and every worker completes each once."""
+        """Called after the update of global step `step` (counted from 1 across epochs). Where workers run their
+        own step counts (shares sized by speed) and `counts_nominal_steps`, the steps are those of the nominal
+        clock: a batch may complete none, one or several, and every worker completes each once."""
 
     def end_epoch(self, epoch: int) -> None:
         """Called on a trainer when it has finished epoch `epoch` (from 0)."""

@@ -118,8 +118,8 @@ class ElasticAveraging(CollectiveAlgorithm):
     def same_steps(self) -> bool:
         return False  # a faster worker takes more steps between rounds
 
-    def setup(self, model, optimizer, comm) -> None:
-        super().setup(model, optimizer, comm)
+    def setup(self, model, optimizer, comm, on_update=None) -> None:
+        super().setup(model, optimizer, comm, on_update)
         self.weights = FlatBuffer([p.data for p in model.parameters()])
         self.shapes = [p.shape for p in model.parameters()]
         self.compressor = None

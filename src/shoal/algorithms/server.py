@@ -40,6 +40,7 @@ class ServerAlgorithm(Algorithm, abc.ABC):
 
     synchronous = False
     every = 1  # steps between a trainer's exchanges
+    counts_nominal_steps = False  # a trainer exchanges every `every` of its own steps
 
     def __init__(self, options=None, groups: int | list[list[int]] = 1):
         if isinstance(groups, list):
@@ -48,6 +49,7 @@ class ServerAlgorithm(Algorithm, abc.ABC):
         super().__init__(options, groups)
         self.steps_of: dict[int, int] = {}  # each trainer's steps this epoch, by rank
         self.version = 0  # updates applied by the top server; a trainer: the version its weights are from
+        self.epoch_began = 0  # the version as the epoch being served began
         self.since = 0  # a trainer's steps since its last exchange
         self.rounds_per_epoch = 0
         self.staleness: list[int] = []
@@ -96,7 +98,7 @@ class ServerAlgorithm(Algorithm, abc.ABC):
 
     def setup(self, model, optimizer, comm, on_update: Callable[[int], None] | None = None) -> None:
         """As Algorithm.setup; `on_update(version)` is called on the server after every update it applies."""
-        super().setup(model, optimizer, comm)
+        super().setup(model, optimizer, comm, on_update)
         self.on_update = on_update
         self.parameters = [p for p in model.parameters()]
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
@@ -109,6 +111,9 @@ class ServerAlgorithm(Algorithm, abc.ABC):
     def same_steps(self) -> bool:
         """A synchronous server and sub-masters gather one update from every client each round."""
         return self.synchronous or self.relays() > 0
+
+    def shares_changed(self, steps_by_trainer: dict[int, int]) -> None:
+        self.plan(steps_by_trainer)
 
     def plan(self, steps: int | dict[int, int]) -> None:
         """Told before each epoch how many steps every trainer runs (one count, or each trainer's by rank):
@@ -155,6 +160,7 @@ class ServerAlgorithm(Algorithm, abc.ABC):
 
     def serve_epoch(self, epoch: int) -> None:
         """Serve the trainers through epoch `epoch` (on the server and relays)."""
+        self.epoch_began = self.version
         if self.kind is Role.RELAY:
             for _ in range(self.rounds_per_epoch):
                 self.relay_round()
@@ -179,6 +185,10 @@ class ServerAlgorithm(Algorithm, abc.ABC):
         if self.relays():
             return self.rounds_per_epoch * len(self.clients)
         return sum(self.exchanges(self.steps_of.get(client, max(self.steps_of.values()))) for client in self.clients)
+
+    def updates_this_epoch(self) -> int:
+        """The updates the top server has applied since the epoch it serves began."""
+        return self.version - self.epoch_began
 
     def receive_update(self, copy: bool = True) -> tuple[int, Message]:
         source = self.comm.receive(self.update.buffer, None, messages.UPDATE)

@@ -77,8 +77,8 @@ class SynchronousSGD(CollectiveAlgorithm):
         self.clocks = (0.0, 0.0)  # the exchange's seconds and the loop's wait for it, at the last epoch's end
         self.report: dict = {}
 
-    def setup(self, model, optimizer, comm) -> None:
-        super().setup(model, optimizer, comm)
+    def setup(self, model, optimizer, comm, on_update=None) -> None:
+        super().setup(model, optimizer, comm, on_update)
         self.parameters = [p for p in model.parameters() if p.requires_grad]
         self.compressor = make_compressor(self.options.compression, self.options.compression_rank, self.seed)
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]

@@ -18,7 +18,7 @@ from shoal.bench.prediction import prediction_lines
 from shoal.bench.study import STUDY_FILE, read_trials
 from shoal.errors import ConfigError
 from shoal.plan.profile import Profile
-from shoal.train.report import save_atomically
+from shoal.run.report import save_atomically
 
 REPORT_FILE = "report.md"
 

@@ -42,7 +42,7 @@ from shoal.config import JobConfig
 from shoal.data.format import open_dataset
 from shoal.durable import write_text_durably
 from shoal.errors import ConfigError, ShoalError, WorkerError
-from shoal.train.directory import write_job_file
+from shoal.run.directory import write_job_file
 
 TRIALS_FILE = "trials.csv"
 STUDY_FILE = "study.json"

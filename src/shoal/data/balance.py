@@ -1,9 +1,9 @@
 """Shares of an epoch's rows sized to each worker's speed, and the batches that cut them.
 
 An uneven cluster trains as fast as its slowest worker when every worker gets an equal share: the
-fast ones finish early and wait. A `Plan` gives training worker i `shares[i]` rows (contiguous, in
-worker order, so each still reads only its own files and row groups) and `steps[i]` steps. Two
-kinds of plan, because algorithms meet differently:
+fast ones finish early and wait. The epoch's plan, `RowShares`, gives training worker i `shares[i]`
+rows (contiguous, in worker order, so each still reads only its own files and row groups) and
+`steps[i]` steps. Two kinds of plan, because algorithms meet differently:
 
 - same steps (synchronous SGD, a synchronous server, sub-masters): every worker runs `nominal`
   steps and its batches split its share evenly, so a worker twice as fast takes batches twice as
@@ -25,7 +25,7 @@ from shoal.errors import ConfigError, DataError
 
 
 @dataclass(frozen=True)
-class Plan:
+class RowShares:
     """Rows and steps of every training worker for one epoch."""
 
     shares: tuple[int, ...]
@@ -64,11 +64,11 @@ def nominal_steps(rows: int, trainers: int, batch_size: int) -> int:
     return max(1, min(math.ceil(rows / (trainers * batch_size)), rows // trainers))
 
 
-def equal_plan(rows: int, trainers: int, batch_size: int) -> Plan:
+def equal_plan(rows: int, trainers: int, batch_size: int) -> RowShares:
     """Equal shares, every worker the same steps: cluster.balance = "equal"."""
     steps = steps_per_epoch(rows, trainers, batch_size)
     shares = tuple(stop - start for start, stop in (share(rows, trainers, rank) for rank in range(trainers)))
-    return Plan(shares, (steps,) * trainers, steps, batch_size, equal=True)
+    return RowShares(shares, (steps,) * trainers, steps, batch_size, equal=True)
 
 
 def proportional(rows: int, weights: list[float], minimum: int = 1) -> list[int]:
@@ -104,17 +104,17 @@ def largest_remainder(rows: int, weights: list[float]) -> list[int]:
     return parts
 
 
-def weighted_plan(rows: int, weights: list[float], batch_size: int, same_steps: bool) -> Plan:
+def weighted_plan(rows: int, weights: list[float], batch_size: int, same_steps: bool) -> RowShares:
     """Shares in proportion to `weights` (relative speeds, one per training worker)."""
     minimum = nominal_steps(rows, len(weights), batch_size) if same_steps else 1  # same steps: a row a step
     return plan_from_shares(proportional(rows, weights, minimum), batch_size, same_steps)
 
 
-def plan_from_shares(shares: list[int], batch_size: int, same_steps: bool) -> Plan:
+def plan_from_shares(shares: list[int], batch_size: int, same_steps: bool) -> RowShares:
     """The plan of given shares (decided from speeds, or read back from a checkpoint)."""
     nominal = nominal_steps(sum(shares), len(shares), batch_size)
     steps = [nominal] * len(shares) if same_steps else [math.ceil(rows / batch_size) for rows in shares]
-    return Plan(tuple(shares), tuple(steps), nominal, batch_size)
+    return RowShares(tuple(shares), tuple(steps), nominal, batch_size)
 
 
 def check_speeds(balance, trainers: int) -> None:

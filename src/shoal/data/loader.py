@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow
 import torch
 
-from shoal.data.balance import Plan, equal_plan
+from shoal.data.balance import RowShares, equal_plan
 from shoal.data.cache import ShareCache
 from shoal.data.format import Dataset
 from shoal.data.partition import blocked_epoch_order, blocked_epoch_plan, epoch_order, sub_partitions
@@ -141,7 +141,7 @@ class ShardLoader:
         sample_shape: list[int] | None = None,
         memory_budget: int | None = None,
         cache_dir: str | None = None,
-        plan: Plan | None = None,
+        plan: RowShares | None = None,
     ):
         """`rank` and `world_size` count training workers; `plan` gives their shares (default: equal)."""
         self.dataset = dataset
@@ -195,7 +195,7 @@ class ShardLoader:
             return pieces[0][0].copy(), pieces[0][1].copy()  # a view would keep the whole old share alive
         return np.concatenate([piece[0] for piece in pieces]), np.concatenate([piece[1] for piece in pieces])
 
-    def reshare(self, plan: Plan) -> float:
+    def reshare(self, plan: RowShares) -> float:
         """Follow a new plan from the next epoch: read the rows the new share adds; the seconds it took."""
         start, stop = plan.range(self.rank)
         self.plan, self.steps = plan, plan.steps[self.rank]

@@ -10,7 +10,7 @@ from shoal.errors import ConfigError
 from shoal.plan.calibrate import LOOPBACK, calibrate, described_network, model_key_of
 from shoal.plan.machines import MachineClass, check_models, machine_counts, machine_speeds, parse_machines
 from shoal.plan.median import median_profile
-from shoal.plan.planner import COMPARED, Plan, job_shape, make_plan
+from shoal.plan.planner import COMPARED, Forecast, job_shape, make_plan
 from shoal.plan.predict import is_server
 from shoal.plan.profile import Profile, load_profile
 from shoal.plan.render import plot, render
@@ -88,7 +88,7 @@ def profile_for(job: JobConfig, args, hosts: list[str] | None, messages: bool = 
     return profile
 
 
-def plan_job(job: JobConfig, args) -> tuple[Plan, str]:
+def plan_job(job: JobConfig, args) -> tuple[Forecast, str]:
     """Calibrate as the options say, then plan every node count and algorithm; (the plan, its text)."""
     check_options(args)
     hosts = [host.strip() for host in args.hosts.split(",")] if args.hosts else None

@@ -57,7 +57,10 @@ def job_shape(job: JobConfig, rows: int | None = None, algorithm: str | None = N
 
 
 @dataclass
-class Plan:
+class Forecast:
+    """What `shoal plan` answers: every prediction, the crossovers, and the recommendation (or why there is
+    none)."""
+
     predictions: list[Prediction]
     crossovers: dict[str, dict[int, float | None]] = field(default_factory=dict)
     """Series (the algorithm, and how the rows were shared on machines of different speeds) -> node count ->
@@ -109,7 +112,7 @@ def first_machines(nodes: int, per_node: int, speeds: tuple[float, ...] = ()) ->
 
 
 def make_plan(shapes: list[Shape], nodes: list[int], per_node: int, profile: Profile,
-              speeds: tuple[float, ...] = ()) -> Plan:
+              speeds: tuple[float, ...] = ()) -> Forecast:
     """Every algorithm on every node count; with `speeds` (one per machine, at least max(nodes) of them), each
     with equal shares and with speed shares."""
     balances = ("equal", "speed") if speeds else ("equal",)
@@ -117,7 +120,7 @@ def make_plan(shapes: list[Shape], nodes: list[int], per_node: int, profile: Pro
                            profile.compute, profile.network)
                    for shape in shapes for count in nodes if usable(shape, Layout(count, per_node))
                    for balance in balances]
-    plan = Plan(predictions, pace_range=profile.compute.pace_range, speeds=tuple(speeds),
+    plan = Forecast(predictions, pace_range=profile.compute.pace_range, speeds=tuple(speeds),
                 one_machine=one_machine(predictions, shapes, per_node, profile, speeds))
     for series in dict.fromkeys(p.label for p in predictions):
         own = [p for p in predictions if p.label == series]
@@ -149,7 +152,7 @@ def one_machine(predictions: list[Prediction], shapes: list[Shape], per_node: in
     return min(own, key=lambda p: p.job_seconds, default=None)
 
 
-def job_to_beat(plan: Plan) -> Prediction:
+def job_to_beat(plan: Forecast) -> Prediction:
     """What more machines must beat: the fastest job on one machine; where no algorithm planned runs on one (a
     parameter server alone), the fastest job on the fewest machines planned."""
     if plan.one_machine is not None:
@@ -166,7 +169,7 @@ def machine_count_text(nodes: int) -> str:
     return "one machine" if nodes == 1 else f"{nodes} machines"
 
 
-def chosen_cluster(plan: Plan) -> tuple[Prediction | None, Prediction | None]:
+def chosen_cluster(plan: Forecast) -> tuple[Prediction | None, Prediction | None]:
     """(the cluster recommended, the fastest job): the smallest cluster within CLOSE_ENOUGH of the fastest job
     among those at least WORTH_MORE_MACHINES times as fast as `job_to_beat`; (None, the fastest of more
     machines) when none is, or (None, None) when no more machines were planned."""
@@ -181,7 +184,7 @@ def chosen_cluster(plan: Plan) -> tuple[Prediction | None, Prediction | None]:
     return chosen, fastest
 
 
-def recommend(plan: Plan, shapes: list[Shape], per_node: int, profile: Profile) -> str:
+def recommend(plan: Forecast, shapes: list[Shape], per_node: int, profile: Profile) -> str:
     """The cluster `chosen_cluster` picks and its speed-up over one machine (or the fewest machines planned); else
     one machine (or the fewest), saying why more would not pay; with a batch size."""
     start = job_to_beat(plan)
@@ -206,7 +209,7 @@ def staying_reason(start: Prediction, fastest: Prediction | None) -> str:
             f"{times_faster(start, fastest):.2f}x)")
 
 
-def against_one_machine(plan: Plan) -> dict[str, str]:
+def against_one_machine(plan: Forecast) -> dict[str, str]:
     """Series -> one plain sentence: on which node counts it beats `job_to_beat` (one machine), by how much at
     best; where it never does, from how many rows it would."""
     start = job_to_beat(plan)
@@ -257,7 +260,7 @@ def job_text(prediction: Prediction) -> str:
     return f"{prediction.job_seconds:.3g} s"
 
 
-def cluster_text(chosen: Prediction, reason: str, shapes: list[Shape], per_node: int, plan: Plan,
+def cluster_text(chosen: Prediction, reason: str, shapes: list[Shape], per_node: int, plan: Forecast,
                  profile: Profile) -> str:
     """`N node(s) x W worker(s), algorithm, batch B: reason`, with a larger batch where communication is over
     COMMUNICATION_BOUND of the epoch."""
@@ -273,7 +276,7 @@ def cluster_text(chosen: Prediction, reason: str, shapes: list[Shape], per_node:
     return f"{chosen.nodes} node(s) x {per_node} worker(s), {shares_text(chosen)}, batch {batch}: {reason}"
 
 
-def compression_advice(plan: Plan, shapes: list[Shape], per_node: int, profile: Profile) -> str:
+def compression_advice(plan: Forecast, shapes: list[Shape], per_node: int, profile: Profile) -> str:
     """One line when exact sync, on the recommended cluster (or the smallest of several machines), waits on the
     link longer than it computes: bf16's and powersgd's epochs beside exact's, the faster one recommended."""
     sync = next((shape for shape in shapes if shape.algorithm == "sync"), None)

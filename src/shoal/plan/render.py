@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from shoal.plan.costs import Link
-from shoal.plan.planner import UNSTEADY, Plan, against_one_machine, job_to_beat, machine_count_text, shares_text
+from shoal.plan.planner import UNSTEADY, Forecast, against_one_machine, job_to_beat, machine_count_text, shares_text
 from shoal.plan.profile import Profile
-from shoal.train.report import save_atomically
+from shoal.run.report import save_atomically
 
 
 def seconds_text(seconds: float) -> str:
@@ -28,7 +28,7 @@ def link_text(link: Link) -> str:
     return f"{link.latency * 1e3:.3f} ms per message, {link.bandwidth * 8 / 1e6:,.1f} Mbit/s"
 
 
-def render(plan: Plan, profile: Profile, per_node: int) -> str:
+def render(plan: Forecast, profile: Profile, per_node: int) -> str:
     compute, network = profile.compute, profile.network
     lines = [f"compute: {compute.parameters:,} parameters, {compute.threads} thread(s) per worker, "
              f"start-up {compute.startup_seconds:.1f} s (measured on {profile.machine.get('host', '?')})",
@@ -81,7 +81,7 @@ def _table(header: list[str], rows: list[list[str]], text_columns: tuple[int, ..
                       enumerate(zip(row, widths))).rstrip() for row in [header, *rows]]
 
 
-def plot(plan: Plan, path: Path) -> Path:
+def plot(plan: Forecast, path: Path) -> Path:
     """Two panels: predicted job time against nodes per algorithm, and against dataset size per node count."""
     from matplotlib.figure import Figure
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from shoal.data.balance import Plan, check_speeds, equal_plan, plan_from_shares, weighted_plan
+from shoal.data.balance import RowShares, check_speeds, equal_plan, plan_from_shares, weighted_plan
 from shoal.train.loop import EpochStats
 
 SMOOTHING = 0.5
@@ -88,7 +88,7 @@ class Balancer:
         else:
             self.plan = equal_plan(rows, trainers, batch_size)
 
-    def observe(self, per_trainer: list[EpochStats], warm: bool = True) -> Plan | None:
+    def observe(self, per_trainer: list[EpochStats], warm: bool = True) -> RowShares | None:
         """An epoch's figures, one per training worker in order; the next epoch's plan when the shares move
         (to the rates, or back to those before a move that did not pay). `warm`: False for the first epoch a
         process runs, whose time (its start included) never judges a move."""

@@ -34,7 +34,7 @@ from shoal.events import (
     WorkerMemory,
     read_history,
 )
-from shoal.train.artifacts import save_model
+from shoal.run.artifacts import save_model
 from shoal.train.balancer import rate
 from shoal.train.held_out import combined as combined_validation
 from shoal.train.loggers import Loggers, open_loggers
@@ -193,9 +193,9 @@ class Coordinator:
             self.validator.close()
         prepared = self.prepared
         with algorithm.consensus() as consensus:
-            path = save_model(self.run_dir, consensus, prepared.spec, prepared.objective, prepared.train_set.classes,
-                              prepared.train_set.feature_dtype.name, training_set=prepared.train_set,
-                              allow_nonfinite=self.job.checkpoint.allow_nonfinite)
+            path = save_model(self.run_dir, consensus, prepared.spec, prepared.objective.loss,
+                              prepared.train_set.classes, prepared.train_set.feature_dtype.name,
+                              training_set=prepared.train_set, allow_nonfinite=self.job.checkpoint.allow_nonfinite)
             if callbacks:
                 callbacks.train_end(self.closing_metrics(), consensus)
         self.events.write(JobEnd(status="completed", test=self.final, seconds=seconds, epochs=epochs,

@@ -25,7 +25,7 @@ from shoal.cluster.heartbeat import job_store, silence, verdict
 from shoal.cluster.signals import call_on_stop
 from shoal.cluster.store import STORE_ERRORS, Bounded, attempt_store
 from shoal.cluster.verdict import Account, Kind, root_cause
-from shoal.errors import lost_peer
+from shoal.errors import torch_says
 from shoal.events import JobEnd, JobRestarted, WorkerFailed, append_event, read_history
 from shoal.train.checkpoint import newest_epoch
 
@@ -49,7 +49,7 @@ class Exit:
     signal: str | None = None
     """The signal that stopped it, when one did."""
     consequence: bool = False
-    """Its error came from a peer gone."""
+    """Its error came from a peer gone (as the worker judged it, by the error's type)."""
     traceback: str | None = None
     """Its error in the user's own code: the user's traceback (shoal.code.user_traceback)."""
 
@@ -59,8 +59,12 @@ class Exit:
         return bool(self.message) and not self.consequence
 
     @classmethod
-    def of_error(cls, rank: int, host: str, message: str, traceback: str | None = None) -> Exit:
-        return cls(rank, host, message=message, consequence=lost_peer(message), traceback=traceback)
+    def of_error(cls, rank: int, host: str, message: str, traceback: str | None = None,
+                 consequence: bool | None = None) -> Exit:
+        """`consequence`: whether the error only followed a peer's loss (shoal.errors.lost_peer of the error);
+        None where the error is known by its text alone: then only torch's words for a lost peer make it one."""
+        consequence = torch_says(message) if consequence is None else consequence
+        return cls(rank, host, message=message, consequence=consequence, traceback=traceback)
 
 
 class ExitBook:
@@ -208,8 +212,10 @@ class Recorder:
         """This worker ends the job by design (a stop for requeue): a stop signal from now on is expected."""
         self.leaving = status
 
-    def failed(self, message: str, traceback: str | None = None) -> None:
-        self.leave(Exit.of_error(self.info.rank, self.info.host, message, traceback))
+    def failed(self, message: str, traceback: str | None = None, consequence: bool | None = None) -> None:
+        """This worker raised: its error's first line, the user's traceback if any, and whether the error only
+        followed a peer's loss (see Exit.of_error)."""
+        self.leave(Exit.of_error(self.info.rank, self.info.host, message, traceback, consequence))
 
     def leave(self, leaving: Exit, wait: float = WAIT_SECONDS) -> None:
         """Once per worker (an error, then the launcher's SIGTERM, is one way out): write this worker's exit;

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from shoal.algorithms.base import Algorithm
-from shoal.algorithms.collective import CollectiveAlgorithm
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.inspector import TRAIN
 from shoal.data.balance import nominal_crossed
@@ -191,11 +190,11 @@ class Trainer:
         return self.objective(outputs.float(), labels)
 
     def algorithm_steps(self, step_in_epoch: int) -> range:
-        """The steps the algorithm is told of after this batch: the global step, or, where a collective
-        algorithm's workers run their own step counts (speed shares), the nominal steps this batch completes,
-        so every worker enters each round (and none twice) whatever its share."""
+        """The steps the algorithm is told of after this batch: the global step, or, where workers run their own
+        step counts (speed shares) under an algorithm that `counts_nominal_steps` (a collective one), the nominal
+        steps this batch completes, so every worker enters each round (and none twice) whatever its share."""
         plan = self.loader.plan
-        if plan.equal or self.algorithm.same_steps() or not isinstance(self.algorithm, CollectiveAlgorithm):
+        if plan.equal or self.algorithm.same_steps() or not self.algorithm.counts_nominal_steps:
             return range(self.global_step, self.global_step + 1)
         first = self.epoch * plan.nominal
         crossed = nominal_crossed(step_in_epoch + 1, self.loader.steps, plan.nominal)

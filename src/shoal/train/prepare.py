@@ -20,7 +20,7 @@ import numpy as np
 import psutil
 import torch
 
-from shoal.algorithms import Algorithm, ServerAlgorithm, make_algorithm, trainer_ranks
+from shoal.algorithms import Algorithm, Role, make_algorithm, role, trainer_ranks
 from shoal.code import current_folder_importable
 from shoal.config import JobConfig, TrainConfig
 from shoal.data.balance import check_speeds
@@ -321,8 +321,8 @@ def check_schedule(job: JobConfig, run_dir=None, optimizer: torch.optim.Optimize
     updates, a per-step schedule and clipping are refused: the trainers' optimizer takes no step, and the
     server's steps when updates come. Accumulation merges exchanges, so it goes with the algorithms that exchange
     at every step."""
-    server = isinstance(make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups),
-                        ServerAlgorithm)
+    algorithm = make_algorithm(job.algorithm.name, job.algorithm.options, job.cluster.groups)
+    server = role(algorithm, 0, world_size=2) is Role.SERVER  # rank 0 serves in any world a server runs in
     if job.train.accumulate is not None and job.algorithm.name not in ACCUMULATING:
         raise ConfigError(f"train.accumulate: sums gradients before one exchange, which {job.algorithm.name} does "
                           f"not make every step; use it with {' or '.join(ACCUMULATING)}")

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shoal.algorithms import Algorithm, Role, ServerAlgorithm, make_algorithm, role, trainer_ranks
+from shoal.algorithms import Algorithm, Role, make_algorithm, role, trainer_ranks
 from shoal.algorithms.groups import machine_groups
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import DistInfo, choose_device
@@ -30,7 +30,7 @@ from shoal.cluster.inspector import TRAIN
 from shoal.cluster.requeue import EpochEndStop, StopRequested
 from shoal.config import GROUP_BY_MACHINE, JobConfig
 from shoal.data.loader import ShardLoader
-from shoal.errors import first_line
+from shoal.errors import TORCH_TIMED_OUT, PeerLost, first_line, torch_says
 from shoal.events import JobStart, WorkerMemory
 from shoal.train.balancer import Balancer
 from shoal.train.checkpoint import (
@@ -101,11 +101,11 @@ class Runner:
                     break
             return self.complete()
         except RuntimeError as error:
-            quiet = self.heartbeat.blame() if self.heartbeat and "timed out" in str(error).lower() else None
+            quiet = self.heartbeat.blame() if self.heartbeat and torch_says(str(error), TORCH_TIMED_OUT) else None
             if quiet is None:
                 raise
             # the rank that raised only waited: the message names the one that stopped answering
-            raise RuntimeError(f"worker rank {quiet['rank']} on {quiet['host']} {silence(quiet)}; "
+            raise PeerLost(f"worker rank {quiet['rank']} on {quiet['host']} {silence(quiet)}; "
                                f"rank {self.info.rank} waited for it ({first_line(error)})") from error
         finally:
             self.finish()
@@ -140,11 +140,8 @@ class Runner:
         self.steps = self.plan.nominal
         if info.rank == 0:
             self.coordinator = Coordinator(job, self.run_dir, self.prepared, self.model, self.device)
-        if isinstance(self.algorithm, ServerAlgorithm):
-            self.algorithm.setup(self.model, self.optimizer, self.comm, on_update=self.after_update)
-            self.algorithm.plan(self.trainer_steps())
-        else:
-            self.algorithm.setup(self.model, self.optimizer, self.comm)
+        self.algorithm.setup(self.model, self.optimizer, self.comm, on_update=self.after_update)
+        self.algorithm.shares_changed(self.trainer_steps())
         # every rank knows whether a stop may come; only rank 0 judges
         self.stopping = Stopping(stop_rule(job.train.stop), self.callbacks if info.rank == 0 else [])
         self.stoppable = self.stopping.rule is not None or bool(self.callbacks)
@@ -199,8 +196,7 @@ class Runner:
         if self.plan is self.balancer.plan:
             return 0.0
         self.plan = self.balancer.plan
-        if isinstance(self.algorithm, ServerAlgorithm):
-            self.algorithm.plan(self.trainer_steps())
+        self.algorithm.shares_changed(self.trainer_steps())
         return self.loader.reshare(self.plan) if self.loader is not None else 0.0
 
     def resume(self) -> None:
@@ -269,8 +265,6 @@ class Runner:
         reading = self.follow_plan()
         if self.coordinator is not None:
             self.coordinator.epoch_begins(epoch, self.loader.steps if self.loader is not None else self.steps)
-        if isinstance(self.algorithm, ServerAlgorithm):
-            self.epoch_version = self.algorithm.version
         self.enter(TRAIN)
         stats = self.epoch_loop.run_epoch(epoch)
         self.enter("ending the epoch")
@@ -290,13 +284,14 @@ class Runner:
             self.stopping.callbacks.step(trainer.global_step, loss)
 
     def after_update(self, version: int) -> None:
-        """After every update a server applies: the heartbeat, and validation when due."""
+        """After every update a server applies (its `on_update`): the heartbeat, and validation when due."""
         self.heartbeat.beat(version)
         if self.note is not None:
             self.first_step_done()
         if self.coordinator is not None:
             self.coordinator.offer(version)
-            self.coordinator.served(version - self.epoch_version, self.algorithm.updates_per_epoch(), self.steps)
+            self.coordinator.served(self.algorithm.updates_this_epoch(), self.algorithm.updates_per_epoch(),
+                                    self.steps)
 
     def first_step_done(self) -> None:
         """This rank's first step (or update) since it resumed is done: its note of the checkpoint goes."""

@@ -22,10 +22,11 @@ from typing import Protocol
 import torch
 
 from shoal.algorithms import Algorithm
+from shoal.finite import nonfinite_parameters
 from shoal.train.balancer import Balancer
 from shoal.train.checkpoint import random_state, restore_random_state
 from shoal.train.schedule import Schedule
-from shoal.train.state_checks import nonfinite_parameters, optimizer_misfit, random_misfit, tensors_misfit
+from shoal.train.state_checks import optimizer_misfit, random_misfit, tensors_misfit
 
 SCHEMA = ("model", "optimizer", "algorithm", "global_step", "random")
 """The keys every rank file holds (`state_dict`); "schedule" and "balance" only with a schedule or balancer."""

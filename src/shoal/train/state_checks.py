@@ -28,22 +28,11 @@ import random
 import numpy as np
 import torch
 
+from shoal.finite import nonfinite
+
 MT_KEYS = 624
 """The 32-bit words of a Mersenne Twister's state (NumPy's legacy generator, Python's random)."""
 WORD = 2**32
-
-
-def nonfinite(name: str, tensor: torch.Tensor) -> str:
-    """"" when a floating tensor holds only finite values (or it is not floating), else what it holds."""
-    if not (tensor.is_floating_point() or tensor.is_complex()):
-        return ""
-    bad = int((~torch.isfinite(tensor)).sum())
-    return f"{name} holds {bad} non-finite value{'s' if bad != 1 else ''} (of {tensor.numel()})" if bad else ""
-
-
-def nonfinite_parameters(names: list[str], stored: dict) -> str:
-    """The first of the model's parameters (by state_dict name) whose stored weights are not all finite."""
-    return next(filter(None, (nonfinite(f"weight {name!r}", stored[name]) for name in names if name in stored)), "")
 
 
 def optimizer_misfit(optimizer: torch.optim.Optimizer, names: dict[int, str], stored, finite: bool) -> str:

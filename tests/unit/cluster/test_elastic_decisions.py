@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shoal.cluster.node.supervisor import Plan, Supervisor
+from shoal.cluster.node.supervisor import NodeJob, Supervisor
+from shoal.config import ClusterConfig
 from shoal.events import JobRestarted, WorkerFailed, read_history
 
 
@@ -36,10 +37,16 @@ class Members:
 
 
 def leader(tmp_path: Path, max_restarts: int = 0) -> Supervisor:
-    plan = Plan(tmp_path / "job.toml", tmp_path, workers=1, threads=1, timeout=10,
-                restart_record=lambda run_dir, number: JobRestarted(restart=number), max_restarts=max_restarts,
-                elastic=True)
-    return Supervisor(plan, Members(["host0", "host1", "host2"]))
+    job = NodeJob(tmp_path / "job.toml", tmp_path, ClusterConfig(workers=1, threads=1, timeout=10),
+                  max_restarts=max_restarts, elastic=True)
+    return Supervisor(job, Members(["host0", "host1", "host2"]), Restarts())
+
+
+class Restarts:
+    """Training's side of the supervisor (shoal.launching's): only a restart's record is asked for here."""
+
+    def restart_record(self, run_dir: Path, number: int) -> JobRestarted:
+        return JobRestarted(restart=number)
 
 
 def failed_on(host: str) -> WorkerFailed:
@@ -88,7 +95,7 @@ def test_a_failure_no_machine_is_blamed_for_is_counted_as_a_fixed_jobs(tmp_path)
 
 def test_a_fixed_job_never_regroups(tmp_path):
     supervisor = leader(tmp_path)
-    supervisor.plan.elastic = False
+    supervisor.job.elastic = False
     assert supervisor.regroup(WorkerFailed(host="host2", message="gone"), [2], "lost") is None
 
 

@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from shoal.cluster import keys
 from shoal.cluster.node.rendezvous import Decision, Meeting, Nodes, Report, read_secret
-from shoal.cluster.node.supervisor import Plan, data_port, supervise
+from shoal.cluster.node.supervisor import NodeJob, data_port, supervise
+from shoal.config import ClusterConfig
 from shoal.errors import ConfigError, WorkerError
 from shoal.events import read_events
 
@@ -36,6 +37,13 @@ def free_port() -> int:
 
 
 SECRET = "0123456789abcdef0123456789abcdef"
+
+
+class Layout:
+    """Training's side of the supervisor (shoal.launching's), of which only the layout's check is asked here."""
+
+    def __init__(self, check):
+        self.check_layout = check
 
 
 def two_nodes(port: int, rank: int | None = None, run_id: str | None = None) -> Nodes:
@@ -286,9 +294,8 @@ def test_a_layout_the_job_cannot_use_stops_every_node_at_once_naming_the_machine
         raise ConfigError(f"cluster.workers: this algorithm needs 4 processes or more, got {world_size}")
 
     def node(rank: int, workers: int) -> None:
-        plan = Plan(tmp_path / "job.toml", tmp_path, workers=workers, threads=1, timeout=TIMEOUT,
-                    restart_record=None, check_layout=check)
-        supervise(plan, two_nodes(port, rank))
+        job = NodeJob(tmp_path / "job.toml", tmp_path, ClusterConfig(workers=workers, threads=1, timeout=TIMEOUT))
+        supervise(job, two_nodes(port, rank), Layout(check))
 
     port = free_port()
     started = [pool.submit(node, rank, workers) for rank, workers in ((0, 2), (1, 1))]
@@ -305,10 +312,9 @@ def test_one_machines_layout_is_checked_with_its_own_count_and_told_as_it_is(tmp
     def check(world_size: int) -> None:
         raise ConfigError(f"data.train: fewer rows than the {world_size} training workers")
 
-    plan = Plan(tmp_path / "job.toml", tmp_path, workers=3, threads=1, timeout=TIMEOUT, restart_record=None,
-                check_layout=check)
+    job = NodeJob(tmp_path / "job.toml", tmp_path, ClusterConfig(workers=3, threads=1, timeout=TIMEOUT))
     with pytest.raises(ConfigError, match=r"^data.train: fewer rows than the 3 training workers$"):
-        supervise(plan, Nodes())
+        supervise(job, Nodes(), Layout(check))
 
 
 def test_a_secret_file_others_may_read_is_refused(tmp_path):

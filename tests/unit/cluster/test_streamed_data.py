@@ -17,7 +17,8 @@ import pytest
 
 from shoal.cluster import keys
 from shoal.cluster.node.rendezvous import Meeting, Nodes
-from shoal.cluster.node.supervisor import Plan, data_port, serve_data
+from shoal.cluster.node.supervisor import NodeJob, data_port, serve_data
+from shoal.config import ClusterConfig
 from shoal.data.format import DatasetWriter
 from shoal.errors import ConfigError
 
@@ -63,9 +64,9 @@ def dataset(tmp_path_factory) -> str:
     return str(path)
 
 
-def plan(datasets: list[str], streamed: bool = False, elastic: bool = False) -> Plan:
-    return Plan(Path("job.toml"), Path("run"), workers=1, threads=1, timeout=TIMEOUT, restart_record=None,
-                datasets=datasets, streamed=streamed, elastic=elastic)
+def plan(datasets: list[str], streamed: bool = False, elastic: bool = False) -> NodeJob:
+    return NodeJob(Path("job.toml"), Path("run"), ClusterConfig(workers=1, threads=1, timeout=TIMEOUT),
+                   datasets=datasets, streamed=streamed, elastic=elastic)
 
 
 def test_a_fixed_job_where_every_machine_holds_the_data_starts_no_data_server(met, dataset):

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from shoal.data.balance import (
-    Plan,
+    RowShares,
     equal_plan,
     largest_remainder,
     nominal_crossed,
@@ -159,7 +159,7 @@ def test_weights_must_be_positive_and_finite(weights):
 # ---------------------------------------------------------------- batches
 
 
-def positions(plan: Plan, worker: int) -> np.ndarray:
+def positions(plan: RowShares, worker: int) -> np.ndarray:
     return np.concatenate([np.arange(lo, hi) for lo, hi in plan.bounds(worker)])
 
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from shoal.plan.costs import Line
-from shoal.plan.planner import Plan, counts_text, make_plan, recommend, series_sentence
+from shoal.plan.planner import Forecast, counts_text, make_plan, recommend, series_sentence
 from shoal.plan.predict import Prediction
 from shoal.plan.profile import Profile
 from shoal.plan.render import render
@@ -28,8 +28,8 @@ def made_up(nodes: int, seconds: float, algorithm: str = "sync", line: Line | No
                       bytes_per_epoch=0.0, staleness=None, line=line or Line(0.0, seconds / 10_000))
 
 
-def plan_of(*predictions: Prediction) -> Plan:
-    return Plan(list(predictions), one_machine=min((p for p in predictions if p.nodes == 1),
+def plan_of(*predictions: Prediction) -> Forecast:
+    return Forecast(list(predictions), one_machine=min((p for p in predictions if p.nodes == 1),
                                                     key=lambda p: p.job_seconds, default=None))
 
 

@@ -19,7 +19,7 @@ from shoal.cluster.fake import run_ranks
 from shoal.errors import ConfigError, ShoalError
 from shoal.fit_inputs import CALLBACKS_FILE, ship_callbacks
 from shoal.jobs import from_dict
-from shoal.train.artifacts import load_model
+from shoal.run.artifacts import load_model
 from shoal.train.runner import Runner
 from shoal.train.stopping import Callbacks, Stopping
 from tests.distributed.common import write_dataset

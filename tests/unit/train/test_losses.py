@@ -11,7 +11,7 @@ from shoal.api import resumed_job
 from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import DistInfo
 from shoal.errors import ConfigError
-from shoal.train.directory import write_job_file
+from shoal.run.directory import write_job_file
 from shoal.train.objective import Objective
 from shoal.train.prepare import prepare
 from shoal.train.runner import Runner

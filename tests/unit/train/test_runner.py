@@ -16,7 +16,7 @@ from shoal.cluster.collectives import Communicator
 from shoal.cluster.env import DistInfo
 from shoal.cluster.fake import run_ranks
 from shoal.jobs import from_dict
-from shoal.train.artifacts import load_model
+from shoal.run.artifacts import load_model
 from shoal.train.runner import Runner
 from tests.distributed.common import write_dataset
 

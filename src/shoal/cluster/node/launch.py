@@ -33,7 +33,7 @@ from shoal.cluster.node.agent import SHUTDOWN_SECONDS, NodeAgent
 from shoal.cluster.signals import Interrupted, caller_signal_handlers, handled_signals
 from shoal.cluster.verdict import Account, Kind, root_cause
 from shoal.code import USER_TRACEBACK
-from shoal.errors import EXIT_USAGE, WorkerError, lost_peer
+from shoal.errors import CONSEQUENCE, EXIT_USAGE, WorkerError, torch_says
 from shoal.events import JobRestarted, WorkerFailed
 
 WORKER_MODULE = forkserver.WORKER_MODULE
@@ -167,9 +167,21 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def _followed(failure) -> bool:
+    """Whether a worker's recorded error only followed a peer's loss: as the worker said (shoal.worker writes
+    the `consequence` entry, judged by the error's type), else, in a record shoal's worker did not write, by
+    torch's words for a lost peer in its message."""
+    if not _wrote_error(failure):
+        return False
+    said = failure.error_file_data.get(CONSEQUENCE)
+    if isinstance(said, bool):
+        return said
+    return torch_says(str(failure.error_file_data["message"].get("message", "")))
+
+
 def _kind(failure) -> Kind:
     """One failed worker's account for the verdict, from torch's record of it."""
-    if _wrote_error(failure) and not lost_peer(str(failure.message)):
+    if _wrote_error(failure) and not _followed(failure):
         return Kind.RAISED
     if failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM:  # SIGTERM: the launcher stopping the others
         return Kind.KILLED
@@ -198,7 +210,7 @@ def describe_failure(error: ChildFailedError) -> WorkerError:
     worker_error = WorkerError(f"worker rank {rank} on {host} failed: {message}")
     worker_error.exit_code = EXIT_USAGE if failure.exitcode == EXIT_USAGE else 1
     # only lost peers and workers the launcher stopped: the cause lies with another node
-    worker_error.consequence = all(lost_peer(str(failure.message)) or failure.exitcode == -signal.SIGTERM
+    worker_error.consequence = all(_followed(failure) or failure.exitcode == -signal.SIGTERM
                                    for failure in error.failures.values())
     worker_error.failure = WorkerFailed(rank=rank, host=host, exit_code=failure.exitcode, signal=signal_name,
                                         message=message)

@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch.distributed as dist
 
 from shoal.cluster import heartbeat, keys, verdict
+from shoal.cluster.env import threads_per_worker
 from shoal.cluster.node.agent import node_of_rank
 from shoal.cluster.node.forkserver import ForkServer
 from shoal.cluster.node.launch import launch, restart_line, restart_start, workers_environment
@@ -30,62 +31,75 @@ from shoal.cluster.regroup import ELASTIC_VARIABLE
 from shoal.cluster.signals import Interrupted, interruptible
 from shoal.cluster.store import CONTEXT_VARIABLE, POLL_SECONDS, SECRET_VARIABLE, StoreUnreachable
 from shoal.cluster.verdict import Account, Kind
+from shoal.config import ClusterConfig
 from shoal.data.source import SECRET_VARIABLE as DATA_SECRET
 from shoal.data.source import SERVER_VARIABLE, readable_here
 from shoal.errors import EXIT_USAGE, ConfigError, WorkerError, first_line
 from shoal.events import EVENTS_FILE, JobEnd, JobRestarted, Membership, WorkerFailed, append_event
 
 
+class JobHooks(Protocol):
+    """What the supervisor asks of training, which shoal.cluster does not import (shoal.launching's Launch
+    answers it with training's functions)."""
+
+    def check_layout(self, world_size: int) -> None:
+        """Training's checks for a job of this many workers in all (the algorithm's and the rows', and a
+        resume's checkpoints), raising ConfigError: across machines the total is known only once all have met."""
+
+    def restart_record(self, run_dir: Path, restart: int) -> JobRestarted:
+        """The `job_restarted` event of restart number `restart`, from the run's newest checkpoint."""
+
+    def membership_record(self, run_dir: Path, world_size: int) -> Membership:
+        """The `membership` event for a new set of machines of `world_size` workers in all: the epoch it goes on
+        from and the shares (the supervisor adds the machines)."""
+
+
 @dataclass
-class Plan:
-    """What every attempt on this node runs."""
+class NodeJob:
+    """What every attempt on this node runs: the launcher's plain values (shoal.launching's Launch)."""
 
     job_file: Path
     run_dir: Path
-    workers: int
-    threads: int
-    timeout: float
-    restart_record: Callable[[Path, int], JobRestarted]
-    """Restart number n of the run directory, from its newest checkpoint (training's shoal.train.exits)."""
-    max_restarts: int = 0
-    resume: bool = False
-    callbacks: Path | None = None
-    """The caller's callbacks, written by value (`shoal.fit(callbacks=...)`), for the coordinator."""
-    server: ForkServer | None = None
-    """The caller's fork server (shoal.cluster.node.forkserver), which every attempt's workers fork from."""
-    elastic: bool = False
-    """Machines may leave and join (--nnodes MIN:MAX): shoal.cluster.node.membership's meeting."""
-    rejoin_timeout: float = 60.0
-    """How long a lost machine has to come back, and the first machines wait for more than MIN."""
-    membership_record: Callable[..., Membership] | None = None
-    """The `membership` event for a new set of machines (api's: the epoch it goes on from and the shares)."""
+    cluster: ClusterConfig
+    """The job's [cluster] table as resolved for this machine: its worker count is this machine's."""
     datasets: list[str] = field(default_factory=list)
     """The job's datasets as it names them: the first machine serves those it holds to the others."""
     streamed: bool = False
     """This machine lacks the job's datasets: it streams them from the first machine's data server."""
-    check_layout: Callable[[int], None] | None = None
-    """Training's checks for a job of this many workers in all (training's check_world_size, and a resume's
-    checkpoints), raising ConfigError: across machines the total is known only once all have met."""
+    elastic: bool = False
+    """Machines may leave and join (--nnodes MIN:MAX): shoal.cluster.node.membership's meeting."""
+    resume: bool = False
+    max_restarts: int = 0
+    callbacks: Path | None = None
+    """The caller's callbacks, written by value (`shoal.fit(callbacks=...)`), for the coordinator."""
+    server: ForkServer | None = None
+    """The caller's fork server (shoal.cluster.node.forkserver), which every attempt's workers fork from."""
+
+    @property
+    def threads(self) -> int:
+        """Each worker's compute threads: the job's, or this machine's cores shared among its workers."""
+        return threads_per_worker(self.cluster.threads, self.cluster.workers)
 
 
-def supervise(plan: Plan, nodes: Nodes) -> None:
+def supervise(job: NodeJob, nodes: Nodes, hooks: JobHooks) -> None:
     """Run the job's workers on this node until the job completes; raise WorkerError or Interrupted."""
     meeting = data_server = None
     with interruptible():
         try:
-            if plan.elastic:
-                meeting = ElasticMeeting(nodes, plan.timeout, plan.workers, plan.rejoin_timeout, plan.check_layout)
+            if job.elastic:
+                meeting = ElasticMeeting(nodes, job.cluster.timeout, job.cluster.workers, job.cluster.rejoin_timeout,
+                                        hooks.check_layout)
             else:
-                meeting = Meeting(nodes, plan.timeout, plan.workers, streamed=plan.streamed)
-            if meeting.leader and nodes.count > 1 and not plan.resume and (plan.run_dir / EVENTS_FILE).exists():
+                meeting = Meeting(nodes, job.cluster.timeout, job.cluster.workers, streamed=job.streamed)
+            if meeting.leader and nodes.count > 1 and not job.resume and (job.run_dir / EVENTS_FILE).exists():
                 # the others may share the folder (and so were let in); the first machine's must hold no run yet
-                raise ConfigError(f"{plan.run_dir}: already holds a run; choose another --run-dir")
-            data_server = serve_data(plan, meeting) if nodes.count > 1 else None
-            if not plan.elastic:
-                check_layout(plan, meeting)
-            Supervisor(plan, meeting).run()
+                raise ConfigError(f"{job.run_dir}: already holds a run; choose another --run-dir")
+            data_server = serve_data(job, meeting) if nodes.count > 1 else None
+            if not job.elastic:
+                check_layout(hooks, meeting)
+            Supervisor(job, meeting, hooks).run()
         except Interrupted as interrupt:
-            if plan.elastic and meeting is not None and not meeting.leader:  # one machine taken out
+            if job.elastic and meeting is not None and not meeting.leader:  # one machine taken out
                 print(f"shoal: {meeting.host} leaves the job ({interrupt.signal.name}); it goes on without this "
                       "machine", file=sys.stderr, flush=True)
                 meeting.say_leaving(interrupt.signal.name)
@@ -94,7 +108,7 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
             if meeting is not None:
                 meeting.end(f"stopped by {interrupt.signal.name} on {meeting.host}")
             if records_events(meeting, nodes):
-                append_event(plan.run_dir, JobEnd(status="interrupted", message=str(interrupt)))
+                append_event(job.run_dir, JobEnd(status="interrupted", message=str(interrupt)))
             raise
         except LeftJob:  # the job goes on without this machine: it only leaves
             raise
@@ -104,7 +118,7 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
             if meeting is not None:
                 meeting.end(str(error))
                 if meeting.leader and not isinstance(error, WorkerError):  # a WorkerError's end is recorded
-                    append_event(plan.run_dir, JobEnd(status="failed", message=first_line(error)))
+                    append_event(job.run_dir, JobEnd(status="failed", message=first_line(error)))
             raise error from None
         finally:
             if meeting is not None:
@@ -114,15 +128,15 @@ def supervise(plan: Plan, nodes: Nodes) -> None:
                 data_server.close()
 
 
-def serve_data(plan: Plan, meeting: Meeting):
+def serve_data(job: NodeJob, meeting: Meeting):
     """The first machine serves the job's datasets it holds, read-only and to the job's secret only, to the
     machines that lack one (`start_data_server`); such a machine learns where (and so do its workers, from this
     process's environment). Returns the server."""
     if meeting.leader:
-        return start_data_server(plan, meeting)
-    if plan.streamed:
-        missing = next(path for path in plan.datasets if not readable_here(path))
-        port = data_port(meeting, plan.timeout, missing)
+        return start_data_server(job, meeting)
+    if job.streamed:
+        missing = next(path for path in job.datasets if not readable_here(path))
+        port = data_port(meeting, job.cluster.timeout, missing)
         if not port:
             raise ConfigError(f"{missing}: not on this machine ({meeting.host}), and the first machine "
                               f"({meeting.endpoint_host}) does not serve it (it serves the other machines the "
@@ -133,14 +147,14 @@ def serve_data(plan: Plan, meeting: Meeting):
     return None
 
 
-def start_data_server(plan: Plan, meeting: Meeting):
+def start_data_server(job: NodeJob, meeting: Meeting):
     """The first machine's data server, started once the machines met and before any worker: in a fixed job only
     when another machine said with its claim that it lacks a dataset (a gRPC server's threads beside the
     workers of a one-core machine slowed its epochs measurably: tests/cluster/test_plan.py), in a job of
     changing machines always (one that joins later may lack them). Writes its port, "" for none."""
     wanting = meeting.streaming()
-    held = {path: path for path in plan.datasets if "://" not in path and readable_here(path)} \
-        if plan.elastic or wanting else {}
+    held = {path: path for path in job.datasets if "://" not in path and readable_here(path)} \
+        if job.elastic or wanting else {}
     server = None
     if held:
         from shoal.data.flight import DataServer  # gRPC, loaded only where a job spans machines
@@ -175,13 +189,11 @@ def data_port(meeting: Meeting, seconds: float, missing: str) -> str:
     return meeting.store.get(keys.DATA_PORT).decode()
 
 
-def check_layout(plan: Plan, meeting: Meeting) -> None:
+def check_layout(hooks: JobHooks, meeting: Meeting) -> None:
     """Every node checks the job's world size itself once the counts are known (each finds the same), so a
     layout that cannot work stops every machine at once, in one line naming them."""
-    if plan.check_layout is None:
-        return
     try:
-        plan.check_layout(sum(meeting.counts))
+        hooks.check_layout(sum(meeting.counts))
     except ConfigError as error:
         if len(meeting.members) == 1:
             raise
@@ -202,8 +214,8 @@ def lost_store(reason: str, meeting: Meeting | None) -> WorkerError:
 
 
 class Supervisor:
-    def __init__(self, plan: Plan, meeting: Meeting):
-        self.plan, self.meeting = plan, meeting
+    def __init__(self, job: NodeJob, meeting: Meeting, hooks: JobHooks):
+        self.job, self.meeting, self.hooks = job, meeting, hooks
         self.restarts = 0
         self.failures: dict[int, int] = {}  # by node rank, in a job of changing machines: its restarts used
         self.machine_restarts = 0  # restarts of a job of changing machines (counted per machine, above)
@@ -212,7 +224,7 @@ class Supervisor:
 
     def run(self) -> None:
         attempt = self.first_attempt()
-        resume = self.plan.resume or attempt > 0  # a machine that joins a running job goes on from its checkpoint
+        resume = self.job.resume or attempt > 0  # a machine that joins a running job goes on from its checkpoint
         while True:
             try:
                 address, port = self.meeting.begin(attempt)
@@ -246,33 +258,33 @@ class Supervisor:
 
     def first_attempt(self) -> int:
         """0, or for a machine joining a running job of changing machines the next attempt."""
-        return self.meeting.first_attempt() if self.plan.elastic else 0
+        return self.meeting.first_attempt() if self.job.elastic else 0
 
     def begun(self, attempt: int) -> None:
         """Every machine has joined `attempt`: a job of changing machines checks the new world size on every
         machine, and the leader records who left or joined."""
-        if not self.plan.elastic:
+        if not self.job.elastic:
             return
-        check_layout(self.plan, self.meeting)
+        check_layout(self.hooks, self.meeting)
         meeting = self.meeting
         left, joined = meeting.changes()
-        if meeting.leader and (left or joined) and self.plan.membership_record is not None:
+        if meeting.leader and (left or joined):
             reason = "; ".join(f"{host} {self.reasons.pop(host, 'left')}" for host in left) or \
                 ("the first machines met" if not meeting.previous else f"{', '.join(joined)} joined")
-            record = self.plan.membership_record(self.plan.run_dir, sum(meeting.counts))
+            record = self.hooks.membership_record(self.job.run_dir, sum(meeting.counts))
             record.attempt, record.hosts, record.workers, record.left, record.joined, record.reason = \
                 attempt, meeting.hosts, meeting.counts, left, joined, reason
-            append_event(self.plan.run_dir, record)
+            append_event(self.job.run_dir, record)
             print(f"shoal: machines now {meeting.layout()}: {reason}", file=sys.stderr, flush=True)
 
     def after_success(self, attempt: int) -> Decision | None:
         """What follows an attempt whose workers all ended well: the job is done (None), or in a job of
         changing machines the workers stopped at an epoch's end for machines waiting to join."""
-        if not self.plan.elastic:
+        if not self.job.elastic:
             return None
         meeting = self.meeting
         if not meeting.leader:  # rank 0 may take a while to save the model and close its loggers
-            return meeting.decision(attempt, seconds=self.plan.timeout)
+            return meeting.decision(attempt, seconds=self.job.cluster.timeout)
         decision = self.regrouped() or Decision(restart=False, completed=True)
         meeting.decide(attempt, decision)
         if decision.completed:  # a machine still waiting to join learns the job is over
@@ -282,20 +294,20 @@ class Supervisor:
     def regrouped(self) -> Decision | None:
         """In a job of changing machines, the workers' stop for machines waiting to join (rank 0 said so)."""
         store = self.meeting.worker_store
-        if not self.plan.elastic or store is None or not store.check([keys.REGROUPED]):
+        if not self.job.elastic or store is None or not store.check([keys.REGROUPED]):
             return None
         return Decision(restart=True, regroup=True, message="machines join")
 
     def run_attempt(self, attempt: int, rendezvous: AttemptRendezvous, resume: bool) -> WorkerError | None:
         """Run this node's workers once; report the outcome to the leader. Returns the failure, if any."""
-        plan, meeting = self.plan, self.meeting
+        job, meeting = self.job, self.meeting
         watch = AttemptWatch(meeting, attempt)
         self.own_failure = None
         try:
             # the workers' keys are named by the job's secret: handed in their environment, never their argv
             with watch, workers_environment(self.worker_variables(attempt)):
-                launch(plan.job_file, plan.run_dir, workers=plan.workers, threads=plan.threads,
-                       rendezvous=rendezvous, resume=resume, callbacks=plan.callbacks, server=plan.server,
+                launch(job.job_file, job.run_dir, workers=job.cluster.workers, threads=job.threads,
+                       rendezvous=rendezvous, resume=resume, callbacks=job.callbacks, server=job.server,
                        counts=meeting.counts)
         except WorkerError as error:
             if watch.lost is not None:
@@ -308,7 +320,7 @@ class Supervisor:
                                            usage=error.exit_code == EXIT_USAGE))
             return error
         meeting.report(attempt, Report(meeting.node_rank, succeeded=True))
-        if meeting.leader and not self.plan.elastic:  # a follower that failed while finishing learns it is done
+        if meeting.leader and not self.job.elastic:  # a follower that failed while finishing learns it is done
             meeting.decide(attempt, Decision(restart=False, completed=True))
         return None
 
@@ -317,13 +329,13 @@ class Supervisor:
         their store's seals are bound to and, in a job of changing machines, that they stop at an epoch's end
         when machines join."""
         variables = {SECRET_VARIABLE: self.meeting.secret, CONTEXT_VARIABLE: self.meeting.worker_context(attempt)}
-        if self.plan.elastic:
+        if self.job.elastic:
             variables[ELASTIC_VARIABLE] = "1"
         return variables
 
     def decide(self, attempt: int) -> Decision:
         """The leader: the root cause from every node's report, recorded; restart or stop, for every node."""
-        meeting, run_dir = self.meeting, self.plan.run_dir
+        meeting, run_dir = self.meeting, self.job.run_dir
         ended = meeting.ended()
         if ended:  # stopped on another machine: nothing failed of itself
             append_event(run_dir, JobEnd(status="interrupted", message=ended))
@@ -345,14 +357,14 @@ class Supervisor:
             decision = Decision(restart=False, completed=True)
         elif not usage and (regrouped := self.regroup(cause, missing, text)) is not None:
             decision = regrouped
-        elif usage or self.restarts >= self.plan.max_restarts:
+        elif usage or self.restarts >= self.job.max_restarts:
             append_event(run_dir, self.job_failed(cause, text))
             decision = Decision(restart=False, message=text, failure=failure_fields(cause), usage=usage)
         else:
             self.restarts += 1
-            restart = self.plan.restart_record(run_dir, self.restarts)
+            restart = self.hooks.restart_record(run_dir, self.restarts)
             append_event(run_dir, restart)
-            print(restart_line(text, restart, self.plan.max_restarts), file=sys.stderr, flush=True)
+            print(restart_line(text, restart, self.job.max_restarts), file=sys.stderr, flush=True)
             decision = Decision(restart=True, message=text)
         meeting.decide(attempt, decision)
         return decision
@@ -361,9 +373,9 @@ class Supervisor:
         """A job of changing machines counts restarts per machine: it restarts on the same machines, or goes on
         without those lost and those out of restarts (the first machine, which holds the job's store, cannot
         leave: out of restarts, the job stops). None: a fixed job restarts or stops as before."""
-        if not self.plan.elastic:
+        if not self.job.elastic:
             return None
-        meeting, run_dir = self.meeting, self.plan.run_dir
+        meeting, run_dir = self.meeting, self.job.run_dir
         if self.blamed(cause, missing) is None and not missing:
             return None  # no machine to blame (or to tell apart): restarts are counted as a fixed job's
         out = self.out_of_job(cause, missing)
@@ -372,11 +384,11 @@ class Supervisor:
             return Decision(restart=False, message=text, failure=failure_fields(cause))
         if not out:  # the blamed machine has restarts left: numbered as the run's restarts, counted per machine
             self.machine_restarts += 1
-            restart = self.plan.restart_record(run_dir, self.machine_restarts)
+            restart = self.hooks.restart_record(run_dir, self.machine_restarts)
             append_event(run_dir, restart)
             blamed = self.blamed(cause, missing)
             print(f"shoal: {text}; restarting from {restart_start(restart)}, restart {self.failures[blamed]} of "
-                  f"{self.plan.max_restarts} for {meeting.host_of(blamed)}", file=sys.stderr, flush=True)
+                  f"{self.job.max_restarts} for {meeting.host_of(blamed)}", file=sys.stderr, flush=True)
             return Decision(restart=True, message=text)
         meeting.drop(out)  # the next attempt waits cluster.rejoin_timeout for them, or others, to come
         print(f"shoal: {text}; going on without {', '.join(meeting.host_of(node) for node in out)}",
@@ -391,12 +403,12 @@ class Supervisor:
         if blamed is not None and blamed not in missing:
             self.failures[blamed] = self.failures.get(blamed, 0) + 1
         spent = [node for node in meeting.members if node not in missing and
-                 self.failures.get(node, 0) > self.plan.max_restarts]
+                 self.failures.get(node, 0) > self.job.max_restarts]
         for node in missing:
             self.reasons[meeting.host_of(node)] = meeting.leaving(node) or "was lost (its launcher stopped answering)"
         for node in spent:
             self.reasons[meeting.host_of(node)] = \
-                f"failed {self.failures[node]} times (--max-restarts {self.plan.max_restarts})"
+                f"failed {self.failures[node]} times (--max-restarts {self.job.max_restarts})"
         return sorted({*missing, *spent})
 
     def blamed(self, cause: WorkerFailed, missing: list[int]) -> int | None:
@@ -418,7 +430,7 @@ class Supervisor:
 
     def fail_job(self, message: str) -> None:
         if self.meeting.leader:
-            append_event(self.plan.run_dir, JobEnd(status="failed", message=message))
+            append_event(self.job.run_dir, JobEnd(status="failed", message=message))
         self.meeting.end(message)
 
 

@@ -26,9 +26,9 @@ from urllib.parse import urlparse
 
 from shoal.durable import write_text_durably
 from shoal.events import Event, JobEnd, JobStart, Membership
+from shoal.run.status import machines_text
 from shoal.safe_files import refuse_links_within
 from shoal.train.loggers.scalars import WorldSize, parameters, scalars
-from shoal.train.status import machines_text
 
 RUN_FILE = "mlflow.json"
 PATIENCE = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",

@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 
 from shoal.events import Event, JobStart, Membership
+from shoal.run.status import machines_text
 from shoal.safe_files import refuse_links_within
 from shoal.train.loggers.scalars import WorldSize, parameters, scalars
-from shoal.train.status import machines_text
 
 TENSORBOARD_FOLDER = "tensorboard"
 MEMBERSHIP_TAG = "cluster/membership"

@@ -30,11 +30,11 @@ from shoal.events import (
     append_event,
     read_history,
 )
+from shoal.run.report import plot_workers, write_report
+from shoal.run.status import machines_text, membership_lines, render, summarize
 from shoal.train.loggers import Loggers
 from shoal.train.loggers.to_csv import CSV_FILE, CsvLogger, columns
-from shoal.train.report import plot_workers, write_report
-from shoal.train.status import machines_text, membership_lines, render, summarize
-from tests.unit.train.test_status_report import finished  # noqa: F401  (a fixture: a fixed job with a restart)
+from tests.unit.run.test_status_report import finished  # noqa: F401  (a fixture: a fixed job with a restart)
 
 ROWS = 3000
 LAUNCHER = (Membership, WorkerFailed)  # written by the first machine's launcher, not the coordinator

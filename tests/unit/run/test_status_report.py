@@ -12,8 +12,8 @@ import pytest
 
 from shoal.cli import main
 from shoal.errors import ShoalError
-from shoal.train.report import write_report
-from shoal.train.status import STALL_SECONDS, render, summarize, watch
+from shoal.run.report import write_report
+from shoal.run.status import STALL_SECONDS, render, summarize, watch
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -32,8 +32,7 @@ from shoal.events import (
     known_host,
     read_history,
 )
-from shoal.safe_files import new_temporary, refuse_link
-from shoal.train.status import (
+from shoal.run.status import (
     NOT_STARTED,
     balance_text,
     end_message,
@@ -46,6 +45,7 @@ from shoal.train.status import (
     shares_text,
     worker_paces,
 )
+from shoal.safe_files import new_temporary, refuse_link
 
 REPORT_FILE = "report.md"
 LOSS = "loss"

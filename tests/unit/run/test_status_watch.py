@@ -18,9 +18,9 @@ import pytest
 from shoal.cli import main
 from shoal.errors import ShoalError
 from shoal.events import DataLoaded, EventLog, JobEnd, JobStart, Progress, read_history
-from shoal.train import status
-from shoal.train.lock import hold_run_dir
-from shoal.train.status import (
+from shoal.run import status
+from shoal.run.lock import hold_run_dir
+from shoal.run.status import (
     LAUNCHER_GONE,
     STALL_SECONDS,
     STOP_GRACE_SECONDS,
@@ -30,7 +30,7 @@ from shoal.train.status import (
     summarize,
     watch,
 )
-from tests.unit.train.test_directory import enter
+from tests.unit.run.test_directory import enter
 
 TIMEOUT = 300.0
 

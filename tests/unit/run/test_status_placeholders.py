@@ -10,9 +10,9 @@ import pytest
 
 from shoal.cli import main
 from shoal.events import WorkerFailed
-from shoal.train.report import write_report
-from shoal.train.status import render, summarize
-from tests.unit.train.test_status_report import epoch_end, job_start, write_events
+from shoal.run.report import write_report
+from shoal.run.status import render, summarize
+from tests.unit.run.test_status_report import epoch_end, job_start, write_events
 
 PLACEHOLDER = re.compile(r"(?<![\w)])\?|\? ")
 """A `?` standing for a value: alone, or before a space (`exit code ?`, `epoch 0/?`, `| ? |`); the state

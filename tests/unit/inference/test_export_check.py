@@ -1,4 +1,4 @@
-"""shoal.train.export_check: a model that branches on its input is refused; a traced file that kept one
+"""shoal.inference.export_check: a model that branches on its input is refused; a traced file that kept one
 branch is caught on the sample rows; the sample rows fall on both sides of a threshold."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from shoal.train.export_check import ExportRefused, check_control_flow, compare, sample_batches, traced
+from shoal.inference.export_check import ExportRefused, check_control_flow, compare, sample_batches, traced
 
 
 class Branchy(nn.Module):
@@ -127,7 +127,7 @@ class Embedded(nn.Module):
 
 @pytest.mark.parametrize("format", ["torchscript", "onnx"])
 def test_drawn_rows_the_model_itself_refuses_are_passed_over(tmp_path, format):
-    from shoal.train.export import CHECKS, WRITERS
+    from shoal.inference.export import CHECKS, WRITERS
 
     artifact = {"spec": {"input": [4]}, "feature_dtype": "int32"}
     path = tmp_path / f"model.{format}"
@@ -142,7 +142,7 @@ def test_drawn_rows_the_model_itself_refuses_are_passed_over(tmp_path, format):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_model_shipped_from_a_gpu_is_rebuilt_on_the_cpu(tmp_path):
     from shoal.objects import save_object
-    from shoal.train.artifacts import rebuild
+    from shoal.run.artifacts import rebuild
 
     model = nn.Sequential(nn.Linear(4, 2)).cuda()  # as shoal.fit ships a user's module: where it sits
     save_object(model, tmp_path / "model.object.pkl", "model")

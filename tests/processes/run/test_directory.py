@@ -11,14 +11,14 @@ import textwrap
 import time
 from pathlib import Path
 
-from shoal.train.lock import LOCK_FILE, hold_run_dir
-from tests.unit.train.test_directory import enter, one_line_error
+from shoal.run.lock import LOCK_FILE, hold_run_dir
+from tests.unit.run.test_directory import enter, one_line_error
 
 # ---------------------------------------------------------------- one job at a time
 
 HOLDER = textwrap.dedent("""\
     import select, sys
-    from shoal.train.lock import hold_run_dir
+    from shoal.run.lock import hold_run_dir
     with hold_run_dir(sys.argv[1]):
         print("held", flush=True)
         select.select([sys.stdin], [], [], 60)  # until the test closes stdin (or a minute)

@@ -7,7 +7,7 @@ the model's raw outputs come out (class logits, one logit for binary_cross_entro
 regression), with a dynamic batch dimension. A safetensors file holds the weights only, with the
 model's spec, loss and classes as JSON in its metadata. Files are written under an unpredictable
 temporary name created exclusively beside OUT (a link planted there is never followed), checked
-(`shoal.train.export_check`: a TorchScript or ONNX file must give the model's outputs on sample
+(`shoal.inference.export_check`: a TorchScript or ONNX file must give the model's outputs on sample
 rows, a safetensors file its very weights) and renamed, with the mode any new file gets (0666 less
 the umask), so a failure or refusal leaves nothing behind; a model built by code is loaded only
 when trusted.
@@ -28,10 +28,10 @@ from torch import nn
 from shoal.data.loader import feature_scale
 from shoal.durable import replace_durably
 from shoal.errors import ConfigError, ShoalError, first_line
+from shoal.inference.export_check import ExportRefused, check_control_flow, compare, sample_batches, traced
 from shoal.model import Trust
+from shoal.run.artifacts import MODEL_FILE, TRAINING_SET, check_out, load_artifact, rebuild
 from shoal.safe_files import new_temporary
-from shoal.train.artifacts import MODEL_FILE, TRAINING_SET, check_out, load_artifact, rebuild
-from shoal.train.export_check import ExportRefused, check_control_flow, compare, sample_batches, traced
 
 FORMATS = {"torchscript": ".pt", "onnx": ".onnx", "safetensors": ".safetensors"}
 EXTRAS = {"onnx": ("onnx", "shoal[onnx]"), "safetensors": ("safetensors", "shoal[safetensors]")}

@@ -29,10 +29,10 @@ from shoal.data.format import Dataset, open_dataset
 from shoal.data.loader import feature_scale
 from shoal.durable import replace_durably
 from shoal.errors import ShoalError, first_line
+from shoal.inference.predict_rows import dataset_on_disk
 from shoal.model import Trust
-from shoal.train.artifacts import MODEL_FILE, TRAINING_SET, check_dataset, check_out, load_artifact, rebuild
+from shoal.run.artifacts import MODEL_FILE, TRAINING_SET, check_dataset, check_out, load_artifact, rebuild
 from shoal.train.objective import Objective
-from shoal.train.predict_rows import dataset_on_disk
 
 BATCH_ROWS = 8192  # rows per batch at most, whatever the memory budget allows
 BYTES_PER_FEATURE = 16  # a batch's stored features, their float copy, the model's activations: a rough bound

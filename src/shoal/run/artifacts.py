@@ -24,24 +24,24 @@ from shoal.data.compatible import check_compatible, schema
 from shoal.data.format import Dataset
 from shoal.durable import disk_full, write_durably
 from shoal.errors import ConfigError, DataError, ShoalError, first_line
+from shoal.finite import nonfinite_parameters
 from shoal.model import Trust, build_model, check_trusted
-from shoal.train.objective import Objective
-from shoal.train.state_checks import nonfinite_parameters
 
 MODEL_FILE = "model.pt"
 TRAINING_SET = "training_set"  # model.pt's key for the training set's schema
 
 
-def save_model(run_dir: str | Path, model: torch.nn.Module, spec: dict, objective: Objective,
+def save_model(run_dir: str | Path, model: torch.nn.Module, spec: dict, loss: str,
                classes: list | None, feature_dtype: str, *, training_set: Dataset | None = None,
                allow_nonfinite: bool = False) -> Path:
-    """Write model.pt; with `training_set`, also what a dataset must match to be predicted. Parameters that are
+    """Write model.pt (`loss`: the name of the loss it was trained with, which predictions read its outputs by);
+    with `training_set`, also what a dataset must match to be predicted. Parameters that are
     not finite are a ShoalError, nothing written, unless `allow_nonfinite` (then a warning)."""
     path = Path(run_dir) / MODEL_FILE
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     check_finite(run_dir, [name for name, _ in model.named_parameters(remove_duplicate=False)], state,
                  allow_nonfinite)
-    content = {"spec": spec, "state_dict": state, "loss": objective.loss, "classes": classes,
+    content = {"spec": spec, "state_dict": state, "loss": loss, "classes": classes,
                "feature_dtype": feature_dtype}
     if training_set is not None:
         content[TRAINING_SET] = schema(training_set)

@@ -8,9 +8,9 @@ import pytest
 
 from shoal.cli import main
 from shoal.events import EpochEnd, WorkerEpoch, read_history
-from shoal.train.report import plot_workers, write_report
-from shoal.train.status import render, summarize, worker_rate
-from tests.unit.train.test_status_report import epoch_end, job_start, write_events
+from shoal.run.report import plot_workers, write_report
+from shoal.run.status import render, summarize, worker_rate
+from tests.unit.run.test_status_report import epoch_end, job_start, write_events
 
 ROWS = 3000
 HOSTS = ["host-a", "host-a", "host-b"]  # ranks 0 and 1 on the fast machine, rank 2 on the slow one

@@ -9,14 +9,13 @@ from torch import nn
 from shoal.config import CheckpointConfig
 from shoal.errors import ConfigError, ShoalError
 from shoal.jobs import from_dict
-from shoal.train.artifacts import MODEL_FILE, load_artifact, save_model
-from shoal.train.objective import Objective
+from shoal.run.artifacts import MODEL_FILE, load_artifact, save_model
 
 SPEC = {"input": [3], "layers": [{"dense": 2}]}
 
 
 def save(run_dir, model: nn.Module, **options):
-    return save_model(run_dir, model, SPEC, Objective("cross_entropy", 2), ["a", "b"], "float32", **options)
+    return save_model(run_dir, model, SPEC, "cross_entropy", ["a", "b"], "float32", **options)
 
 
 def with_nan() -> nn.Module:

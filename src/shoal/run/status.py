@@ -4,7 +4,7 @@ The coordinator may be on another machine or long gone, so nothing here talks to
 the summary is a fold over `events.jsonl`, and it works the same for a live, a finished and a
 crashed run. A run that ended without anyone writing `job_end` (its launcher killed, or a full
 disk) is told apart by its lock: the launcher holds RUN_DIR/.lock for the whole job, and the
-kernel lets go of it however the launcher ends (`shoal.train.lock.held`, which only looks).
+kernel lets go of it however the launcher ends (`shoal.run.lock.held`, which only looks).
 Where no lock says (a run written before it, a filesystem without locks), by silence: a live job
 records something every few seconds, and no rank of it waits longer than its own
 `cluster.timeout` before the job fails and says so.
@@ -39,8 +39,8 @@ from shoal.events import (
     known_host,
     read_history,
 )
-from shoal.train.directory import JOB_FILE
-from shoal.train.lock import held
+from shoal.run.directory import JOB_FILE
+from shoal.run.lock import held
 
 STALL_SECONDS = 120
 """A run without `job_end` whose last record is older than this shows as `stalled?` (a live job

@@ -15,9 +15,8 @@ from shoal.cli import main
 from shoal.data.compatible import TRAINING, first_difference, schema
 from shoal.data.format import DatasetWriter, open_dataset
 from shoal.errors import DataError, ShoalError
-from shoal.train.artifacts import load_artifact, save_model
-from shoal.train.objective import Objective
-from shoal.train.predictions import predict
+from shoal.inference.predictions import predict
+from shoal.run.artifacts import load_artifact, save_model
 
 NAMES = ["age", "income", "height"]
 
@@ -44,7 +43,7 @@ def run(tmp_path) -> Path:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     save_model(run_dir, nn.Sequential(nn.Linear(3, 2)), {"input": [3], "layers": [{"dense": 2}]},
-               Objective("cross_entropy", 2), train.classes, "float32", training_set=train)
+               "cross_entropy", train.classes, "float32", training_set=train)
     return run_dir
 
 

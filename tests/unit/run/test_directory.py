@@ -1,6 +1,6 @@
 """The run directory: held by one job at a time, a resolved job file written whole and never over the user's own,
 and a --run-dir that cannot be a folder refused in one line; whether a job holds it, only looked at. (Held
-against another process: tests/processes/train/test_directory.py.)"""
+against another process: tests/processes/run/test_directory.py.)"""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from shoal.errors import ConfigError
 from shoal.events import Checkpoint, append_event
 from shoal.jobs import from_dict, load_job
-from shoal.train.directory import JOB_FILE, MARKER, new_run_dir, write_job_file
-from shoal.train.lock import LOCK_FILE, held, hold_run_dir
+from shoal.run.directory import JOB_FILE, MARKER, new_run_dir, write_job_file
+from shoal.run.lock import LOCK_FILE, held, hold_run_dir
 
 USERS_JOB = textwrap.dedent("""\
     # my experiment: keep these notes
