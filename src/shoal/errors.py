@@ -70,7 +70,10 @@ def lost_peer(error: BaseException) -> bool:
     type; torch's own RuntimeErrors, which shoal cannot type, by their text (`torch_says`)."""
     if isinstance(error, PeerLost):
         return True
-    return isinstance(error, RuntimeError) and torch_says(str(error))
+    if isinstance(error, UserCodeError) and error.__cause__ is not None:  # torch's error inside the user's step
+        return lost_peer(error.__cause__)
+    # torch's DistBackendError says its kind in its type's name only, as the record's message writes it
+    return isinstance(error, RuntimeError) and torch_says(f"{type(error).__name__}: {error}")
 
 
 class ShoalError(Exception):

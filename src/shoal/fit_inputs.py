@@ -20,7 +20,7 @@ from shoal.cluster import scratch
 from shoal.config import JobConfig, section_fields
 from shoal.data.format import Dataset
 from shoal.data.in_memory import write_in_memory
-from shoal.errors import ConfigError, ShoalError
+from shoal.errors import ConfigError, ShoalError, WorkerError
 from shoal.hf_inputs import is_hugging_face, write_hugging_face
 from shoal.jobs import load_job
 from shoal.objects import save_object
@@ -189,7 +189,7 @@ def datasets_on_disk(table: dict, train: Any, test: Any, label: str | None) -> I
             data[key] = written[key] = str(write_data(value, os.path.join(folder, key), key, label,
                                                       encoding).path)
         yield table
-    except ShoalError as error:
+    except (ShoalError, WorkerError) as error:  # a failed job's line names the data as fit was given it too
         error.args = (named_arguments(str(error), written), *error.args[1:])
         raise
     finally:

@@ -150,3 +150,20 @@ def test_a_worker_ends_on_a_jobs_failure_in_one_line(monkeypatch, capsys):
     assert worker.main([]) == 1
     assert capsys.readouterr().err == ("shoal worker 0: error: could not reach the job's store at head:29400: "
                                        "Connection refused\n")
+
+
+def test_torch_s_backend_error_and_torch_s_error_in_the_user_s_step_are_lost_peers():
+    """torch's DistBackendError names its kind in its type only; a lost peer met inside the user's step arrives
+    wrapped as the user's error, its cause torch's."""
+    backend = type("DistBackendError", (RuntimeError,), {})("NCCL error in: x, unhandled system error")
+    assert lost_peer(backend)
+    try:
+        with blamed("train.step"):
+            raise RuntimeError("[gloo] Connection closed by peer [10.0.0.2]:1234")
+    except UserCodeError as wrapped:
+        assert lost_peer(wrapped)
+    try:
+        with blamed("train.step"):
+            raise ValueError("the user's own words: timed out")
+    except UserCodeError as wrapped:
+        assert not lost_peer(wrapped)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from shoal.data.in_memory import write_in_memory
-from shoal.errors import ConfigError, DataError, ShoalError
+from shoal.errors import ConfigError, DataError, ShoalError, WorkerError
 from shoal.fit_inputs import datasets_on_disk
 
 ROWS = 40
@@ -146,3 +146,9 @@ def test_items_that_are_no_pair_or_differ_in_shape_are_named_by_rows_from_one(tm
 
     with pytest.raises(ConfigError, match=r"^train: rows 1 to 40 \(indices 0 to 39\) differ in shape"):
         write_in_memory(Ragged(lambda index: 0), str(tmp_path / "out"), "train")
+
+
+def test_a_failed_job_inside_fit_names_the_argument_not_the_temporary_folder():
+    with pytest.raises(WorkerError) as failed, datasets_on_disk({}, arrays(), None, None) as table:
+        raise WorkerError(f"worker rank 0 on h failed: DataError: {table['data']['train']}/part-0.parquet: bad row")
+    assert str(failed.value) == "worker rank 0 on h failed: DataError: the train data given to fit: bad row"
