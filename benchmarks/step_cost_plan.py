@@ -41,7 +41,9 @@ def plan_run(cluster: EmulatedCluster, model: str, data: dict[str, Path], args: 
 
 def planned(plan: dict) -> dict:
     """What the benchmark keeps of a plan's JSON: the recommendation, the algorithm it picks, each 2-host step."""
-    two = {row["algorithm"]: row for row in plan["predictions"] if row["nodes"] == 2 and row.get("balance") is None}
+    # "easgd (server)": the plan names the layout beside the algorithm
+    two = {row["algorithm"].split(" (")[0]: row for row in plan["predictions"]
+           if row["nodes"] == 2 and row.get("balance") is None}
     fastest = max(two.values(), key=lambda row: row["speedup"], default=None)
     text = plan.get("recommendation")
     if text is None:

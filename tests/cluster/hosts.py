@@ -10,6 +10,7 @@ Everything it creates (namespaces, the bridge, the hosts' processes, its folders
 
 from __future__ import annotations
 
+import itertools
 import os
 import shlex
 import shutil
@@ -24,6 +25,7 @@ from shoal.plan.calibrate import parse_rate
 
 SUBNET = "10.77.0"
 TMP = Path("/tmp")
+_BUILT = itertools.count()  # clusters built by this process; names stay within Linux's 15 characters
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
@@ -84,7 +86,8 @@ class EmulatedCluster:
     def __init__(self, hosts: int = 2, rate: str = "1gbit", keep=None, cores: list[int] | None = None):
         self.hosts, self.rate = hosts, rate
         self.kept = under_tmp(code_folders() if keep is None else keep)
-        self.prefix = f"shoal{os.getpid() % 100000}"
+        # a letter of its own: two clusters may stand at once in one process (tests/cluster/test_plan.py)
+        self.prefix = f"shoal{os.getpid() % 100000}{chr(ord('a') + next(_BUILT) % 26)}"
         self.folder = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-", dir="/var/tmp"))
         self.shared = self.folder / "shared"  # the same folder, at the same path, on every host
         self.processes: list[subprocess.Popen] = []

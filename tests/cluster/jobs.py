@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -122,6 +124,39 @@ def wait_for_nodes(launchers: list[subprocess.Popen], logs: list[Path], seconds:
         except subprocess.TimeoutExpired:
             pytest.fail(f"{log.name} still runs after {seconds:g} s:\n{log.read_text()[-3000:]}")
         assert launcher.returncode == 0, log.read_text()[-3000:]
+
+
+class OneHostRun:
+    """`shoal train` of `job` by 2 workers on this machine, outside every host (as `train_on_one_host`), started at
+    once and waited for when its run is asked for: it trains beside a test's run on the hosts (whose cores wait on
+    the network and on launches much of the time) instead of after it. Leaving the `with` block ends whatever of it
+    still runs."""
+
+    def __init__(self, job: str, run_dir, env):
+        self.run_dir = Path(run_dir)
+        self.log = Path(f"{run_dir}.log")
+        self.deadline = time.monotonic() + JOB_SECONDS
+        with open(self.log, "w") as output:
+            self.process = subprocess.Popen([sys.executable, "-m", "shoal", "train", job, "--workers", "2",
+                                             "--run-dir", str(run_dir)], env=env, stdout=output,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self) -> Path:
+        """The run directory, once the job ended well."""
+        try:
+            self.process.wait(timeout=max(self.deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the run on one host still runs after {JOB_SECONDS} s:\n{self.log.read_text()[-3000:]}")
+        assert self.process.returncode == 0, self.log.read_text()[-3000:]
+        return self.run_dir
+
+    def __enter__(self) -> OneHostRun:
+        return self
+
+    def __exit__(self, *exception) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)  # its workers too: they share its session
+        self.process.wait()
 
 
 def train_on_one_host(job: str, run_dir, env) -> None:

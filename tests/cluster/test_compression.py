@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(4 * JOB_SECONDS)
 def write_job(folder: Path, name: str, options: str) -> str:
     train = folder / "wide-train"
     if not train.exists():
-        write_dataset(train, rows=2400, seed=1)
+        write_dataset(train, rows=1200, seed=1)
     path = folder / f"{name}.toml"
     path.write_text(f"""
 [model]

@@ -15,7 +15,7 @@ import torch
 
 from shoal.events import read_events
 from shoal.run.artifacts import load_model
-from tests.cluster.jobs import JOB_SECONDS, train_on_one_host, write_job, write_sabotaged_job
+from tests.cluster.jobs import JOB_SECONDS, write_job, write_sabotaged_job
 from tests.cluster.slurm import EmulatedSlurm, missing_requirements
 
 SECONDS = 150
@@ -34,10 +34,11 @@ def kinds(run_dir) -> list[str]:
     return [event["event"] for event in read_events(run_dir)]
 
 
-# past its own deadlines (SECONDS for SLURM's part, then a run on one host), which name what hung
+# past its own deadlines (SECONDS for SLURM's part, JOB_SECONDS for the run on one host beside it), which name what hung
 @pytest.mark.timeout(SECONDS + 150)
-def test_a_warned_batch_job_stops_at_an_epochs_end_requeues_and_continues(slurm, two_hosts, project_env, tmp_path):
+def test_a_warned_batch_job_stops_at_an_epochs_end_requeues_and_continues(slurm, two_hosts, project_env, beside):
     job = write_sabotaged_job(two_hosts.shared, "slurm", delay=0.05, epochs=4)  # 1 s an epoch
+    alone = beside(job, project_env)  # the uninterrupted run, while SLURM's job waits on SLURM much of the time
     run_dir = two_hosts.shared / "run-slurm"
     script = two_hosts.shared / "slurm.sh"
     script.write_text(f"#!/bin/sh\nexec srun {sys.executable} -m shoal.worker {job} --run-dir {run_dir}\n")
@@ -59,8 +60,7 @@ def test_a_warned_batch_job_stops_at_an_epochs_end_requeues_and_continues(slurm,
     stopped_at = int(ends[0]["message"].split("epoch ")[1].split()[0])
     assert [event["from_epoch"] for event in events if event["event"] == "job_resumed"] == [stopped_at]
     assert [event["hosts"] for event in events if event["event"] == "job_start"][0] == ["host0", "host1"]
-    train_on_one_host(job, tmp_path / "one", project_env)
-    reference = load_model(tmp_path / "one", trust_code=True).state_dict()  # the test's own factory
+    reference = load_model(alone.wait(), trust_code=True).state_dict()  # the test's own factory
     for name, tensor in load_model(run_dir, trust_code=True).state_dict().items():
         assert tensor.equal(reference[name]), name
     state = slurm.run(0, ["scontrol", "show", "job", job_id])

@@ -12,7 +12,7 @@ import torch
 
 from shoal.events import read_events
 from shoal.run.artifacts import load_model
-from tests.cluster.jobs import JOB_SECONDS, train_on_one_host, train_on_two_hosts, write_job
+from tests.cluster.jobs import JOB_SECONDS, train_on_two_hosts, write_job
 
 
 def test_a_host_reaches_the_other_through_its_own_interface(two_hosts, project_env):
@@ -23,11 +23,11 @@ def test_a_host_reaches_the_other_through_its_own_interface(two_hosts, project_e
 
 
 @pytest.mark.parametrize("algorithm", ["sync", "averaging"])
-def test_two_hosts_end_with_the_weights_of_one(two_hosts, project_env, tmp_path, algorithm):
+def test_two_hosts_end_with_the_weights_of_one(two_hosts, project_env, beside, algorithm):
     job = write_job(two_hosts.shared, algorithm)
+    alone = beside(job, project_env)  # while the hosts' run waits on the network and on launches
     train_on_two_hosts(two_hosts, job, two_hosts.shared / f"run-{algorithm}", project_env)
-    train_on_one_host(job, tmp_path / "one", project_env)
-    apart, together = load_model(two_hosts.shared / f"run-{algorithm}"), load_model(tmp_path / "one")
+    apart, together = load_model(two_hosts.shared / f"run-{algorithm}"), load_model(alone.wait())
     for (name, tensor), other in zip(apart.state_dict().items(), together.state_dict().values()):
         assert torch.equal(tensor, other), name
 
@@ -42,7 +42,7 @@ def test_server_algorithms_train_across_two_hosts(two_hosts, project_env, algori
     assert (run_dir / "model.pt").is_file()
 
 
-def test_open_mpi_across_two_hosts(two_hosts, project_env, tmp_path):
+def test_open_mpi_across_two_hosts(two_hosts, project_env, beside):
     """mpirun on host 0 reaches host 1 through the cluster's ssh stand-in; mpi4py tells rank 0's address."""
     mpirun = shutil.which("mpirun.openmpi")
     if mpirun is None:
@@ -53,11 +53,11 @@ def test_open_mpi_across_two_hosts(two_hosts, project_env, tmp_path):
                str(two_hosts.enter), "--mca", "btl", "tcp,self", sys.executable, "-m", "shoal.worker", job,
                "--run-dir", str(run_dir)]
     log = two_hosts.shared / "mpirun.log"
+    alone = beside(job, project_env)  # while the hosts' run waits on the network and on launches
     finished = two_hosts.start(0, command, env=project_env, log=log).wait(timeout=JOB_SECONDS)
     assert finished == 0, log.read_text()[-3000:]
-    train_on_one_host(job, tmp_path / "one", project_env)
     for (name, tensor), other in zip(load_model(run_dir).state_dict().items(),
-                                     load_model(tmp_path / "one").state_dict().values()):
+                                     load_model(alone.wait()).state_dict().values()):
         assert torch.equal(tensor, other), name
     start = next(event for event in read_events(run_dir) if event["event"] == "job_start")
     assert start["hosts"] == ["host0", "host1"]

@@ -19,14 +19,14 @@ from torch import nn
 import shoal
 from shoal.cli import main
 from shoal.data.format import open_dataset
-from tests.e2e.jobs import FEATURES, train_small, write_task
+from tests.e2e.jobs import FEATURES, write_task
 
 TIMEOUT = 120
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    run_dir, test = train_small(tmp_path_factory.mktemp("export"))
+def trained(small_run):
+    run_dir, test = small_run
     rows, _ = open_dataset(str(test)).read_all()
     with torch.no_grad():
         expected = shoal.load_model(run_dir)(torch.from_numpy(rows[:50])).numpy()

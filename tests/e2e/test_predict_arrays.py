@@ -12,13 +12,11 @@ import torch
 import shoal
 from shoal.data.format import open_dataset
 from shoal.errors import ConfigError, DataError
-from tests.e2e.jobs import train_small
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("arrays")
-    run_dir, test = train_small(folder)
+def trained(small_run):
+    run_dir, test = small_run
     features, labels = next(open_dataset(str(test)).iter_rows(0, 200, max_rows=200))[1:]
     return run_dir, test, features, labels
 

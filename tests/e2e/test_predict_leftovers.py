@@ -20,15 +20,15 @@ from shoal.data import leftovers
 from shoal.data.importers import import_dataset
 from shoal.errors import ShoalError
 from shoal.inference import predictions
-from tests.e2e.jobs import FEATURES, train_small
+from tests.e2e.jobs import FEATURES
 
 ROWS = 200_000  # with 16 kB batches, a couple of minutes of work for two processes: killed well before the end
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, small_run):
     folder = tmp_path_factory.mktemp("leftovers")
-    run_dir, test = train_small(folder)
+    run_dir, test = small_run
     np.save(folder / "rows.npy", np.random.default_rng(3).normal(size=(ROWS, FEATURES)).astype(np.float32))
     rows = import_dataset(folder / "rows.npy", folder / "rows", "npy", unlabeled=True)
     return run_dir, rows.path, test

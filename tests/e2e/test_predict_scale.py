@@ -13,15 +13,15 @@ import pytest
 import shoal
 from shoal.data.importers import import_dataset
 from shoal.errors import ConfigError, DataError
-from tests.e2e.jobs import FEATURES, train_small
+from tests.e2e.jobs import FEATURES
 
 ROWS, BUDGET = 20_000, 64 * 1024  # 1.6 MB of features against 64 kB at a time
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, small_run):
     folder = tmp_path_factory.mktemp("scale")
-    run_dir, _ = train_small(folder)
+    run_dir, _ = small_run
     rows = np.random.default_rng(5).normal(size=(ROWS, FEATURES)).astype(np.float32)
     np.save(folder / "rows.npy", rows)
     unlabeled = import_dataset(folder / "rows.npy", folder / "unlabeled", "npy", unlabeled=True)
