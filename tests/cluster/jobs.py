@@ -160,5 +160,6 @@ class OneHostRun:
 
 
 def train_on_one_host(job: str, run_dir, env) -> None:
-    subprocess.run([sys.executable, "-m", "shoal", "train", job, "--workers", "2", "--run-dir", str(run_dir)],
-                   env=env, check=True, capture_output=True, timeout=JOB_SECONDS)
+    """`job` by 2 workers on this machine, to its end (`OneHostRun`, waited for at once)."""
+    with OneHostRun(job, run_dir, env) as run:
+        run.wait()

@@ -133,6 +133,8 @@ def test_a_plan_predicts_a_two_host_sync_epoch_on_a_slow_and_a_fast_link(project
         parts = ("epoch_seconds", "compute_seconds", "job_seconds")
         # the plan's parts, so a failure says which one (an exchange the backward pass hides costs no wait)
         assert all(math.isfinite(predicted[part]) and predicted[part] > 0 for part in parts), (rate, predicted)
+        # the model's sum of non-negative prices (an exchange the backward pass hides costs 0): load moves its size,
+        # never its sign
         assert math.isfinite(predicted["communication_seconds"]) and predicted["communication_seconds"] >= 0, rate
         # exactly the model's arithmetic on what this plan measured: the profile it saved, this link's network
         assert {key: predicted[key] for key in expected} == expected, (rate, predicted, expected)

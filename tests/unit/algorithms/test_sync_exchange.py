@@ -363,7 +363,7 @@ def test_only_the_wait_after_the_backward_pass_is_communication(dataset, overlap
             # exchange that hides is a timing, benchmarks/comm.py's to measure)
             step = ["handed over"] * 3 + ["slow backward"] + ["handed over"] * 2
             assert result["order"] == step * 5  # 5 steps
-            assert report["hidden_seconds"] >= 0
+            assert report["hidden_seconds"] >= 0  # max(0, exchange - wait) by construction, whatever the load
         else:  # all of it after the backward pass: nothing hidden
             assert result["order"] == ["slow backward"] * 5  # no thread: nothing handed over
             assert stats.communication >= 4 * 5 * DELAY
