@@ -1,4 +1,4 @@
-"""Ending a shoal process once its work is done and written.
+"""Ending a shoal process once its work is done and written, and a worker's last words written whole.
 
 With torch loaded, the interpreter's own teardown takes about a second (every module and C++
 object is finalized), and a thread torch left running can abort it ("terminate called without
@@ -12,6 +12,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
+
+
+def say(line: str) -> None:
+    """Write `line` and its newline to standard error in one call, flushed. print() writes the two apart: a worker
+    that its launcher ends between them leaves a line without its end, and the launcher's next line joins it."""
+    try:
+        sys.stderr.write(f"{line}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed or broken pipe: nothing more can be written anyway
+        pass
 
 
 def flush_output() -> None:

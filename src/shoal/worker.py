@@ -34,7 +34,7 @@ from shoal.errors import CONSEQUENCE, PeerLost, ShoalError, WorkerError, first_l
 from shoal.events import JobEnd, append_event
 from shoal.jobs import load_job
 from shoal.objects import load_object
-from shoal.process import end_process
+from shoal.process import end_process, say
 from shoal.train.exits import outside_recorder
 from shoal.train.runner import run_worker
 from shoal.train.uncompiled import defer_compiler
@@ -126,7 +126,7 @@ def leave_for_stalled_peer(rank: int, recorder):
             record_failure(PeerLost(message))
             if recorder is not None:  # under torchrun, srun or mpirun: this worker's exit, for rank 0's record
                 recorder.failed(message, consequence=True)
-            print(f"shoal worker {rank}: stopping: {message}", file=sys.stderr, flush=True)
+            say(f"shoal worker {rank}: stopping: {message}")
         finally:  # whatever happened above, this worker must not wait on
             end_process(1)
 
@@ -152,7 +152,7 @@ def stop_for_requeue(info, run_dir: Path, recorder, stopped: StopRequested) -> N
     if dist.is_initialized():
         dist.barrier()  # every rank stays until the stop is recorded (srun may end a step at the first exit)
     if info.rank == 0:
-        print(f"shoal: {stopped}; {requeue(os.environ.get('SLURM_JOB_ID'))}", file=sys.stderr, flush=True)
+        say(f"shoal: {stopped}; {requeue(os.environ.get('SLURM_JOB_ID'))}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         record_failure(error)
         if (frames := user_traceback(error)) is not None:  # the user's own frames, to debug by
             print(frames, file=sys.stderr)
-        print(f"shoal worker {os.environ.get('RANK', '0')}: error: {error}", file=sys.stderr, flush=True)
+        say(f"shoal worker {os.environ.get('RANK', '0')}: error: {error}")
         return error.exit_code
     except StopRequested:
         return EXIT_REQUEUED
@@ -175,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         if not _lost_a_peer(error):
             raise  # the worker's own failure: its whole traceback
         # a consequence of another worker's end, which the launcher names: one line, not gloo's traceback
-        print(f"shoal worker {os.environ.get('RANK', '0')}: stopping: another worker is gone ({_peer_reason(error)})",
-              file=sys.stderr, flush=True)
+        say(f"shoal worker {os.environ.get('RANK', '0')}: stopping: another worker is gone ({_peer_reason(error)})")
         return 1
     return 0
 
