@@ -218,9 +218,20 @@ def command_synth(args: argparse.Namespace) -> int:
 
     if args.rows < 1:
         raise ShoalError(f"--rows: must be at least 1, got {args.rows}")
+    if args.features is not None and args.kind not in ("binary", "sequences"):
+        raise ShoalError(f"--features {args.features}: only binary and sequences rows have a feature count to set")
+    if args.length is not None and args.kind != "sequences":
+        raise ShoalError(f"--length {args.length}: only sequences rows have a length")
     if args.kind == "binary":
-        dataset = synthetic.synth_binary(args.out, args.rows, features=args.features, seed=args.seed,
+        features = 32 if args.features is None else args.features
+        dataset = synthetic.synth_binary(args.out, args.rows, features=features, seed=args.seed,
                                          task_seed=args.task_seed, overwrite=args.force)
+    elif args.kind == "sequences":
+        from shoal.data.sequences import synth_sequences
+
+        features, length = (4 if args.features is None else args.features), (20 if args.length is None else args.length)
+        dataset = synth_sequences(args.out, args.rows, length=length, features=features, seed=args.seed,
+                                  task_seed=args.task_seed, overwrite=args.force)
     elif args.kind == "claims":
         from shoal.data import claims
 
@@ -422,7 +433,9 @@ def parser() -> argparse.ArgumentParser:
     data = commands.add_parser("data", help="datasets: import, synthesize, describe, split, sample")
     data = data.add_subparsers(dest="data_command", required=True)
     importer = data.add_parser("import", help="convert a file into a shoal dataset folder")
-    importer.add_argument("source", help="the input file (images: a folder of one subfolder per class)")
+    importer.add_argument("source", nargs="+",
+                          help="the input file (images: a folder of one subfolder per class); several files or "
+                               "glob patterns ('day-*.csv') are imported into one dataset, in the order given")
     importer.add_argument("out", help="the dataset folder to create")
     # With a metavar, argparse reads the choices only to check a value or to print help (%(choices)s).
     importer.add_argument("--format", required=True, choices=ImportFormats(), metavar="FORMAT",
@@ -449,12 +462,16 @@ def parser() -> argparse.ArgumentParser:
     importer.set_defaults(handler=command_import)
 
     synth = data.add_parser("synth", help="generate a synthetic dataset")
-    synth.add_argument("kind", choices=["binary", "digits", "claims"],
+    synth.add_argument("kind", choices=["binary", "digits", "claims", "sequences"],
                        help="binary: a learnable two-class task; digits: MNIST-shaped 28x28 images; "
-                            "claims: Medicare Part B-like provider rows with rare fraud labels")
+                            "claims: Medicare Part B-like provider rows with rare fraud labels; sequences: "
+                            "(length, features) rows of 3 classes told apart by which pulse comes first "
+                            "(mpi_learn's LSTM task)")
     synth.add_argument("--rows", type=int, required=True)
     synth.add_argument("--out", required=True, help="the dataset folder to create")
-    synth.add_argument("--features", type=int, default=32, help="features (binary only)")
+    synth.add_argument("--features", type=int, help="binary: features (default 32); sequences: channels per step "
+                                                    "(default 4)")
+    synth.add_argument("--length", type=int, help="sequences only: steps per row (default 20)")
     synth.add_argument("--seed", type=int, default=0, help="draws the rows")
     synth.add_argument("--task-seed", type=int, default=0, help="fixes the task: train and test sets share it")
     synth.add_argument("--positives-per-million", type=float, metavar="P",

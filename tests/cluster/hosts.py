@@ -3,6 +3,13 @@ bridge, its own hostname (resolving to a loopback address inside it, as on a sto
 Ubuntu box), its own /tmp, its own CPU core and a rate-shaped link. A checkout under /tmp (with its
 .venv) stays visible at its own path on every host, as an NFS home would on a real cluster.
 
+More hosts than cores are emulated by time dilation (`dilation` D): each host gets 1/D of a core
+(its processes in a cgroup whose CPU quota is 1 ms in every D ms, D hosts to a core) and a link at
+1/D of `rate`, so every host computes and sends D times slower than the machine it stands for, and
+times measured on the cluster, divided by D, estimate that machine's. What dilation cannot slow: the
+kernel's per-message cost and the wake-up of a waiting process (a message is relatively D times
+cheaper), and caches, which D hosts on one core share.
+
 Tests, benchmarks and the planner start commands "on host i" through `EmulatedCluster.start`.
 Everything it creates (namespaces, the bridge, the hosts' processes, its folders) is removed by
 `close`, which also runs when the `with` block fails.
@@ -18,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from shoal.cluster.interface import SOCKET_VARIABLES
@@ -29,15 +37,30 @@ _BUILT = itertools.count()  # clusters built by this process; names stay within 
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
-def missing_requirements(hosts: int) -> str | None:
-    """Why an emulated cluster of `hosts` cannot be built here, or None."""
+def missing_requirements(hosts: int, dilation: int = 1) -> str | None:
+    """Why an emulated cluster of `hosts` (dilated by `dilation`) cannot be built here, or None."""
     if os.geteuid() != 0:
         return "the emulated cluster needs root (network, UTS and mount namespaces)"
     for tool in ("ip", "tc", "unshare", "taskset"):
         if shutil.which(tool) is None:
             return f"the emulated cluster needs `{tool}`"
-    if len(os.sched_getaffinity(0)) < hosts:
-        return f"the emulated cluster pins each of its {hosts} hosts to its own core; this machine has fewer"
+    if len(os.sched_getaffinity(0)) * dilation < hosts:
+        return (f"the emulated cluster gives each of its {hosts} hosts 1/{dilation} of a core; this machine has "
+                f"fewer than {-(-hosts // dilation)} cores")
+    if dilation > 1 and cpu_cgroups() is None:
+        return "a dilated cluster needs the cgroup cpu controller (v1 at /sys/fs/cgroup/cpu, or v2)"
+    return None
+
+
+def cpu_cgroups() -> tuple[Path, int] | None:
+    """Where CPU-limited cgroups are made here, and the cgroup version (1 or 2); None without the cpu controller."""
+    v1 = Path("/sys/fs/cgroup/cpu")
+    if (v1 / "cpu.cfs_quota_us").exists():
+        return v1, 1
+    v2 = Path("/sys/fs/cgroup")
+    controllers = v2 / "cgroup.subtree_control"
+    if controllers.exists() and "cpu" in controllers.read_text().split():
+        return v2, 2
     return None
 
 
@@ -81,10 +104,16 @@ class EmulatedCluster:
     """`hosts` hosts named host0, host1, ... at 10.77.0.1, .2, ..., linked at `rate` (tc tbf syntax). The
     folders in `keep` (default: `code_folders()`) that lie under /tmp are seen by every host at their own path.
     Each host has a core of its own unless `cores` says which each takes (indexes into this process's cores;
-    several hosts may share one: machines of unequal speed)."""
+    several hosts may share one: machines of unequal speed). With `dilation` D above 1, each host has 1/D of a
+    core (D hosts to a core, in turn) and a link at `rate` / D: see the module's docstring."""
 
-    def __init__(self, hosts: int = 2, rate: str = "1gbit", keep=None, cores: list[int] | None = None):
-        self.hosts, self.rate = hosts, rate
+    def __init__(self, hosts: int = 2, rate: str = "1gbit", keep=None, cores: list[int] | None = None,
+                 dilation: int = 1):
+        if dilation < 1:
+            raise ValueError(f"dilation: at least 1, got {dilation}")
+        self.hosts, self.rate, self.dilation = hosts, rate, dilation
+        self.link_rate = rate if dilation == 1 else f"{int(parse_rate(rate) / dilation)}bit"
+        self.cgroups: list[Path] = []
         self.kept = under_tmp(code_folders() if keep is None else keep)
         # a letter of its own: two clusters may stand at once in one process (tests/cluster/test_plan.py)
         self.prefix = f"shoal{os.getpid() % 100000}{chr(ord('a') + next(_BUILT) % 26)}"
@@ -94,7 +123,11 @@ class EmulatedCluster:
         available = sorted(os.sched_getaffinity(0))
         if cores is not None and len(cores) != hosts:
             raise ValueError(f"cores: one per host, got {len(cores)} for {hosts} hosts")
-        self.cores = [available[index] for index in cores] if cores is not None else available[:hosts]
+        if cores is not None:
+            self.cores = [available[index] for index in cores]
+        else:  # dilated: hosts take the cores in turn, D to a core
+            self.cores = [available[host % len(available)] for host in range(hosts)] if dilation > 1 \
+                else available[:hosts]
         try:
             self._build()
         except BaseException:
@@ -122,7 +155,24 @@ class EmulatedCluster:
         _ip("-n", switch, "link", "set", "br0", "up")
         for host in range(self.hosts):
             self._add_host(host, switch)
+        if self.dilation > 1:
+            self._limit_cpu()
         self._write_enter()
+
+    def _limit_cpu(self) -> None:
+        """A cgroup per host whose processes run at most 1 ms in every `dilation` ms: 1/D of a core, in slices
+        short enough that a waiting host is woken within D ms, not a long period's idle part."""
+        root, version = cpu_cgroups()
+        period, quota = 1000 * self.dilation, 1000
+        for host in range(self.hosts):
+            group = root / f"{self.prefix}-h{host}"
+            group.mkdir()
+            self.cgroups.append(group)
+            if version == 1:
+                (group / "cpu.cfs_period_us").write_text(str(period))
+                (group / "cpu.cfs_quota_us").write_text(str(quota))
+            else:
+                (group / "cpu.max").write_text(f"{quota} {period}")
 
     def _add_host(self, host: int, switch: str) -> None:
         namespace, outside, inside = self.namespace(host), f"{self.prefix}v{host}", f"{self.prefix}e{host}"
@@ -136,7 +186,7 @@ class EmulatedCluster:
         _ip("-n", namespace, "link", "set", "eth0", "up")
         _ip("-n", namespace, "link", "set", "lo", "up")
         subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
-                        "rate", self.rate, "burst", str(burst_bytes(self.rate)), "latency", "50ms"],
+                        "rate", self.link_rate, "burst", str(burst_bytes(self.link_rate)), "latency", "50ms"],
                        check=True, capture_output=True)
         # `ip netns exec` bind-mounts /etc/netns/NAME/hosts over /etc/hosts: the hostname maps to loopback
         hosts_file = Path("/etc/netns") / namespace / "hosts"
@@ -156,8 +206,12 @@ class EmulatedCluster:
                        " && " for folder in self.kept)
         setup = (f"hostname {self.hostname(host)} && {keep}mount --rbind {shlex.quote(str(private))} /tmp && "
                  f'exec taskset -c {self.cores[host]} "$@"')
-        return ["ip", "netns", "exec", self.namespace(host), "unshare", "--uts", "--mount", "--propagation",
-                "private", "--", "sh", "-c", setup, "sh", *command]
+        entered = ["ip", "netns", "exec", self.namespace(host), "unshare", "--uts", "--mount", "--propagation",
+                   "private", "--", "sh", "-c", setup, "sh", *command]
+        if not self.cgroups:
+            return entered
+        # joined before `ip netns exec`, which mounts a sysfs of the namespace's own over /sys/fs/cgroup
+        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroups[host] / "cgroup.procs"), *entered]
 
     @property
     def enter(self) -> Path:
@@ -223,6 +277,8 @@ class EmulatedCluster:
         for name in [*(self.namespace(host) for host in range(self.hosts)), f"{self.prefix}-sw"]:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
             shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
+        for group in self.cgroups:
+            _remove_cgroup(group)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> EmulatedCluster:
@@ -230,3 +286,15 @@ class EmulatedCluster:
 
     def __exit__(self, *exception) -> None:
         self.close()
+
+
+def _remove_cgroup(group: Path) -> None:
+    """rmdir a host's cgroup once the processes killed in it are gone (the kernel refuses while any remain)."""
+    for _ in range(50):
+        try:
+            group.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)

@@ -80,13 +80,21 @@ progress = "lines"
 
 def start_on_two_hosts(cluster, job: str, run_dir, env, *options: str, node_ranks: bool = True,
                        logs: Path | None = None, workers: int = 1) -> list[subprocess.Popen]:
-    """`shoal train` on each host, `workers` there, as the README's Many machines section says; output in
+    """`shoal train` on each of two hosts, `workers` there, as the README's Many machines section says; output in
     host-N.log."""
+    return start_on_every_host(cluster, job, run_dir, env, *options, nodes=2, node_ranks=node_ranks, logs=logs,
+                               workers=workers)
+
+
+def start_on_every_host(cluster, job: str, run_dir, env, *options: str, nodes: int | None = None,
+                        node_ranks: bool = True, logs: Path | None = None, workers: int = 1) -> list[subprocess.Popen]:
+    """`shoal train` on the first `nodes` hosts (default: all of them), `workers` on each; output in host-N.log."""
     launchers = []
-    for host in range(2):
+    nodes = cluster.hosts if nodes is None else nodes
+    for host in range(nodes):
         ranks = ["--node-rank", str(host)] if node_ranks else []
-        command = [sys.executable, "-m", "shoal", "train", job, "--workers", str(workers), "--nnodes", "2", *ranks,
-                   "--rdzv-endpoint", f"{cluster.address(0)}:{PORT}", "--run-dir", str(run_dir), *options]
+        command = [sys.executable, "-m", "shoal", "train", job, "--workers", str(workers), "--nnodes", str(nodes),
+                   *ranks, "--rdzv-endpoint", f"{cluster.address(0)}:{PORT}", "--run-dir", str(run_dir), *options]
         log = (logs or cluster.shared) / f"{Path(run_dir).name}-host{host}.log"
         launchers.append(cluster.start(host, command, env={**env, "SHOAL_JOB_SECRET": SECRET}, log=log))
     return launchers
@@ -127,17 +135,17 @@ def wait_for_nodes(launchers: list[subprocess.Popen], logs: list[Path], seconds:
 
 
 class OneHostRun:
-    """`shoal train` of `job` by 2 workers on this machine, outside every host (as `train_on_one_host`), started at
+    """`shoal train` of `job` by `workers` (2) on this machine, outside every host (as `train_on_one_host`), started at
     once and waited for when its run is asked for: it trains beside a test's run on the hosts (whose cores wait on
     the network and on launches much of the time) instead of after it. Leaving the `with` block ends whatever of it
     still runs."""
 
-    def __init__(self, job: str, run_dir, env):
+    def __init__(self, job: str, run_dir, env, workers: int = 2):
         self.run_dir = Path(run_dir)
         self.log = Path(f"{run_dir}.log")
         self.deadline = time.monotonic() + JOB_SECONDS
         with open(self.log, "w") as output:
-            self.process = subprocess.Popen([sys.executable, "-m", "shoal", "train", job, "--workers", "2",
+            self.process = subprocess.Popen([sys.executable, "-m", "shoal", "train", job, "--workers", str(workers),
                                              "--run-dir", str(run_dir)], env=env, stdout=output,
                                             stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -1,11 +1,21 @@
-"""A study's trials summarized per dataset size: means, spread, ANOVA, Tukey groups, speedup, thresholds."""
+"""A study's trials summarized per dataset size (means, spread, ANOVA, Tukey groups, speedup, thresholds), and
+across sizes (a two-way ANOVA of size and worker count with their interaction)."""
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
 
-from shoal.bench.statistics import AnovaRow, Comparison, Threshold, letter_groups, one_way_anova, thresholds, tukey_hsd
+from shoal.bench.statistics import (
+    AnovaRow,
+    Comparison,
+    Threshold,
+    letter_groups,
+    one_way_anova,
+    thresholds,
+    tukey_hsd,
+    two_way_anova,
+)
 from shoal.errors import ConfigError
 from shoal.events import SPLIT_PARTS
 
@@ -23,6 +33,8 @@ class Cell:
     """Mean seconds of each part of the training time over the trials."""
     accuracy: float | None
     auc: float | None
+    load: float | None = None
+    """Mean seconds the workers took to load their data (cNeural's load time); None in older studies."""
 
     @property
     def mean(self) -> float:
@@ -64,6 +76,9 @@ class Analysis:
     trainers: dict[int, int] = field(default_factory=dict)
     """Per worker count, the workers that train: fewer than the workers where a parameter server and its
     sub-masters serve (Downpour), so the ideal speedup follows the trainers, not the workers."""
+    two_way: list[AnovaRow] | None = None
+    """Size, workers and size:workers over every trial (Type II sums); None where the grid cannot give it."""
+    two_way_note: str = ""
 
     def ideal_speedup(self, workers: int) -> float:
         """The speedup over the fewest workers if training time fell in proportion to the trainers."""
@@ -89,7 +104,8 @@ def analyze(rows: list[dict], measure: str = "train_seconds", alpha: float = 0.0
             trials = [row for row in members if row["workers"] == count]
             cells[count] = Cell(count, [row[measure] for row in trials],
                                 {part: statistics.fmean(row[f"{part}_seconds"] for row in trials) for part in SPLIT},
-                                _mean(row["test_accuracy"] for row in trials), _mean(row["test_auc"] for row in trials))
+                                _mean(row["test_accuracy"] for row in trials), _mean(row["test_auc"] for row in trials),
+                                _mean(row.get("load_seconds") for row in trials))
         sizes.append(_test(SizeSummary(label, members[0]["rows"], cells), alpha))
     workers = sorted({row["workers"] for row in rows})
     # thresholds in rows; sizes without comparisons (one worker count, one trial) count as no win
@@ -98,8 +114,20 @@ def analyze(rows: list[dict], measure: str = "train_seconds", alpha: float = 0.0
     oversubscribed = sorted({row["workers"] for row in rows if row["workers"] * row["threads"] > row["cores"]})
     hosts = max((row.get("hosts") or "" for row in rows), key=lambda names: len(names.split()))
     trainers = {row["workers"]: row.get("trainers") or row["workers"] for row in rows}
-    return Analysis(measure, alpha, sizes, workers, thresholds(by_rows, workers), cores, oversubscribed,
-                    hosts.replace(" ", ", "), trainers)
+    analysis = Analysis(measure, alpha, sizes, workers, thresholds(by_rows, workers), cores, oversubscribed,
+                        hosts.replace(" ", ", "), trainers)
+    return _two_way(analysis)
+
+
+def _two_way(analysis: Analysis) -> Analysis:
+    """The two-way ANOVA where the grid has two sizes, two worker counts and more trials than cells."""
+    observations = [(size.rows, count, value) for size in analysis.sizes for count, cell in size.cells.items()
+                    for value in cell.values]
+    try:
+        analysis.two_way = two_way_anova(observations, ("size", "workers"))
+    except ValueError as reason:
+        analysis.two_way_note = str(reason)
+    return analysis
 
 
 def _mean(values) -> float | None:

@@ -1,6 +1,6 @@
-"""The scaling study's figures (PNG): the Parallel SGD study's time curves and box plots, mpi_learn's
-speedup curve with its ideal line, and cNeural's split of training time into computation and
-communication, one bar per worker count."""
+"""The scaling study's figures (PNG): the Parallel SGD study's time curves and box plots (with their means),
+mpi_learn's speedup curve with its ideal line, cNeural's split of training time into computation and
+communication, one bar per worker count, and cNeural's load time against the cluster size."""
 
 from __future__ import annotations
 
@@ -80,11 +80,13 @@ def plot_time_by_workers(analysis: Analysis) -> Figure:
 
 
 def plot_boxes(analysis: Analysis) -> Figure:
-    """The trials' times per worker count, one panel per dataset size, Tukey letters above the boxes."""
+    """The trials' times per worker count, one panel per dataset size: the median as a line, the mean as a
+    triangle, Tukey letters above the boxes."""
     figure, panels = _panel_per_size(analysis)
     for ax, size in panels:
         counts = sorted(size.cells)
-        ax.boxplot([size.cells[count].values for count in counts], tick_labels=[str(count) for count in counts])
+        ax.boxplot([size.cells[count].values for count in counts], tick_labels=[str(count) for count in counts],
+                   showmeans=True, meanprops={"marker": "^", "markerfacecolor": "white", "markeredgecolor": "black"})
         for position, count in enumerate(counts, start=1):
             if count in size.letters:
                 ax.annotate(size.letters[count], (position, max(size.cells[count].values)), xytext=(0, 4),
@@ -136,10 +138,30 @@ def plot_split(analysis: Analysis) -> Figure:
     return figure
 
 
+def plot_load(analysis: Analysis) -> Figure:
+    """Mean load time (the workers' reading of their data, before the first epoch) against worker count, a line
+    per dataset size (cNeural's Figure 5); sizes of studies that did not record it are left out."""
+    figure, (ax,) = _figure()
+    drawn = False
+    for size in analysis.sizes:
+        counts = [count for count in sorted(size.cells) if size.cells[count].load is not None]
+        if counts:
+            ax.plot(counts, [size.cells[count].load for count in counts], marker="o", label=_size_text(size))
+            drawn = True
+    _worker_axis(ax, analysis.workers)
+    if not drawn:
+        ax.text(0.5, 0.5, "this study recorded no load times", transform=ax.transAxes, ha="center")
+        ax.set_title("load time against cluster size")
+        return figure
+    _finish(ax, "load time against cluster size", "load time (s, mean over trials)")
+    return figure
+
+
 PLOTS = (
     ("time_by_size.png", plot_time_by_size, "time against dataset size, a line per cluster size"),
     ("time_by_workers.png", plot_time_by_workers, "time against cluster size (log axes), a line per dataset size"),
     ("boxes.png", plot_boxes, "the trials' times per cluster size, with Tukey's letter groups"),
     ("speedup.png", plot_speedup, "speedup against cluster size, with the ideal line"),
     ("split.png", plot_split, "where the training time went, per cluster size"),
+    ("load.png", plot_load, "the data's load time against cluster size, a line per dataset size"),
 )

@@ -40,6 +40,9 @@ def write_report(out: Path, measure: str = "train_seconds", alpha: float = 0.05,
     _write_csv(out / "anova.csv", ["size", "rows", "source", "df", "sum_sq", "mean_sq", "f_value", "p_value"],
                [[size.label, size.rows, row.source, row.df, row.sum_sq, row.mean_sq, row.f_value, row.p_value]
                 for size in analysis.sizes for row in size.anova or []])
+    _write_csv(out / "anova-two-way.csv", ["source", "df", "sum_sq", "mean_sq", "f_value", "p_value"],
+               [[row.source, row.df, row.sum_sq, row.mean_sq, row.f_value, row.p_value]
+                for row in analysis.two_way or []])
     _write_csv(out / "tukey.csv", ["size", "rows", "workers_a", "workers_b", "difference", "lower", "upper",
                                    "p_adjusted", "significant"],
                [[size.label, size.rows, c.first, c.second, c.difference, c.lower, c.upper, c.p_value, c.significant]
@@ -107,6 +110,7 @@ def markdown(analysis: Analysis, study: dict, images: list[tuple[str, str]]) -> 
         for row in size.anova or []:
             lines.append(f"| {size.label} | {size.rows:,} | {row.source} | {row.df} | {_number(row.sum_sq)} | "
                          f"{_number(row.mean_sq)} | {_number(row.f_value)} | {_p_value(row.p_value)} |")
+    lines += _two_way_lines(analysis)
     lines += ["", "## Table 2: Tukey's HSD groups per dataset size", "",
               "Worker counts that share a letter do not differ significantly; 'a' is the slowest group.", "",
               "| size | rows | workers | trials | mean (s) | sd (s) | speedup | group | test accuracy | test AUC |",
@@ -127,5 +131,20 @@ def markdown(analysis: Analysis, study: dict, images: list[tuple[str, str]]) -> 
     lines += ["", "## Plots", ""]
     for name, caption in images:
         lines += [f"![{caption}]({name})", "", f"*{caption}*", ""]
-    lines += ["Files: `trials.csv` (one row per trial), `anova.csv`, `tukey.csv` (every pair, adjusted p).", ""]
+    lines += ["Files: `trials.csv` (one row per trial), `anova.csv`, `anova-two-way.csv`, `tukey.csv` (every pair, "
+              "adjusted p).", ""]
     return "\n".join(lines)
+
+
+def _two_way_lines(analysis: Analysis) -> list[str]:
+    """Table 1b: size, worker count and their interaction over every trial."""
+    lines = ["", "## Table 1b: two-way ANOVA of time by dataset size and worker count, with interaction", "",
+             "Type II sums of squares over every trial: does the worker count matter once the size is accounted "
+             "for, and does its effect change with the size (the interaction)?", ""]
+    if analysis.two_way is None:
+        return [*lines, f"Not computed: {analysis.two_way_note}."]
+    lines += ["| source | Df | Sum Sq | Mean Sq | F value | Pr(>F) |", "|---|---:|---:|---:|---:|---:|"]
+    for row in analysis.two_way:
+        lines.append(f"| {row.source} | {row.df} | {_number(row.sum_sq)} | {_number(row.mean_sq)} | "
+                     f"{_number(row.f_value)} | {_p_value(row.p_value)} |")
+    return lines

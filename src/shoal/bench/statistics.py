@@ -1,18 +1,20 @@
-"""One-way ANOVA, Tukey's HSD and compact letter groupings of training times by worker count.
+"""One- and two-way ANOVA, Tukey's HSD and compact letter groupings of training times by worker count.
 
 The Parallel SGD study (Kennedy et al.) asks, for each dataset size, whether the cluster size
 changes the training time at all (a one-way ANOVA: Df, Sum Sq, Mean Sq, F value, Pr(>F), as R
 prints it) and which cluster sizes differ (Tukey's honestly significant difference, all pairs,
 summarized as letter groups: cluster sizes that share a letter are not significantly
-different). The sums of squares are computed here; the F and studentized range distributions
-come from scipy.
+different). Across sizes, a two-way ANOVA (size, cluster size and their interaction) asks whether
+the cluster size matters once the size is accounted for, and whether its effect changes with the
+size. The sums of squares are computed here; the F and studentized range distributions come from
+scipy.
 """
 
 from __future__ import annotations
 
 import math
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +72,72 @@ def one_way_anova(groups: Mapping[int, Sequence[float]], factor: str = "workers"
         p_value = float(stats.f.sf(f_value, df_between, df_within))
     return [AnovaRow(factor, df_between, float(between), float(mean_between), float(f_value), p_value),
             AnovaRow("Residuals", df_within, float(within), float(mean_within))]
+
+
+def two_way_anova(observations: Sequence[tuple[Hashable, Hashable, float]],
+                  factors: tuple[str, str] = ("size", "workers")) -> list[AnovaRow]:
+    """Two-way ANOVA with interaction of (first level, second level, value) observations: a line per factor,
+    one for their interaction (`first:second`), and Residuals.
+
+    Sums of squares are Type II (each factor adjusted for the other; the interaction for both), from
+    least-squares fits of nested models, so an unbalanced design (a cell with fewer trials, or none) is
+    handled as R's car::Anova and statsmodels' anova_lm(typ=2) handle it; for a balanced design they are the
+    classical sums. Degrees of freedom are the ranks the data give each term.
+    """
+    first = [observation[0] for observation in observations]
+    second = [observation[1] for observation in observations]
+    values = np.asarray([observation[2] for observation in observations], dtype=np.float64)
+    a_terms, b_terms = _dummies(first), _dummies(second)
+    if a_terms.shape[1] == 0 or b_terms.shape[1] == 0:
+        raise ValueError("a two-way ANOVA needs at least two levels of each factor")
+    interaction = np.column_stack([a_terms[:, i] * b_terms[:, j]
+                                   for i in range(a_terms.shape[1]) for j in range(b_terms.shape[1])])
+    intercept = np.ones((len(values), 1))
+    fits = {name: _fit(values, np.hstack([intercept, *parts]))
+            for name, parts in {"a": [a_terms], "b": [b_terms], "ab": [a_terms, b_terms],
+                                "full": [a_terms, b_terms, interaction]}.items()}
+    # what rounding leaves of an exact fit is no variance: it would make an F of 1e15 from nothing
+    tolerance = 1e-20 * float(values @ values)
+    residual_sum, residual_rank = fits["full"]
+    residual_sum = residual_sum if residual_sum > tolerance else 0.0
+    residual_df = len(values) - residual_rank
+    if residual_df <= 0:
+        raise ValueError("a two-way ANOVA with interaction needs more values than cells (several trials per cell)")
+    residual_mean = residual_sum / residual_df
+    terms = [(factors[0], fits["b"], fits["ab"]), (factors[1], fits["a"], fits["ab"]),
+             (f"{factors[0]}:{factors[1]}", fits["ab"], fits["full"])]
+    rows = []
+    for name, (reduced_sum, reduced_rank), (larger_sum, larger_rank) in terms:
+        df, sum_sq = larger_rank - reduced_rank, reduced_sum - larger_sum
+        sum_sq = sum_sq if sum_sq > tolerance else 0.0
+        mean_sq = sum_sq / df if df else math.nan
+        f_value, p_value = _f_test(mean_sq, residual_mean, df, residual_df)
+        rows.append(AnovaRow(name, df, float(sum_sq), float(mean_sq), f_value, p_value))
+    return [*rows, AnovaRow("Residuals", residual_df, float(residual_sum), float(residual_mean))]
+
+
+def _dummies(levels: Sequence[Hashable]) -> np.ndarray:
+    """Treatment coding: a 0/1 column for every level but the first (in sorted order)."""
+    names = sorted(set(levels))
+    return np.column_stack([[float(level == name) for level in levels] for name in names[1:]]) if len(names) > 1 \
+        else np.zeros((len(levels), 0))
+
+
+def _fit(values: np.ndarray, design: np.ndarray) -> tuple[float, int]:
+    """The residual sum of squares of the least-squares fit, and the design's rank."""
+    coefficients, _, rank, _ = np.linalg.lstsq(design, values, rcond=None)
+    residuals = values - design @ coefficients
+    return float(residuals @ residuals), int(rank)
+
+
+def _f_test(mean_sq: float, residual_mean: float, df: int, residual_df: int) -> tuple[float, float]:
+    """F and its p-value; an exact fit (no residual variance) gives an infinite F where the term explains any."""
+    if df == 0:
+        return math.nan, math.nan
+    if residual_mean == 0:
+        return (math.inf, 0.0) if mean_sq > 0 else (math.nan, math.nan)
+    f_value = mean_sq / residual_mean
+    return float(f_value), float(stats.f.sf(f_value, df, residual_df))
 
 
 def tukey_hsd(groups: Mapping[int, Sequence[float]], alpha: float = 0.05) -> list[Comparison]:

@@ -143,7 +143,12 @@ def test_report_from_trials_csv(tmp_path):
     assert anova.loc[2, "f_value"] == pytest.approx(f_value)
     tukey = pd.read_csv(tmp_path / "tukey.csv")
     assert len(tukey) == 1 + 6 and not tukey.loc[0, "significant"]
-    for name in ("time_by_size.png", "time_by_workers.png", "boxes.png", "speedup.png", "split.png"):
+    # the two-way table over both sizes: 2 sizes, 4 worker counts, 6 of 8 cells filled, 23 trials
+    two_way = pd.read_csv(tmp_path / "anova-two-way.csv")
+    assert list(two_way["source"]) == ["size", "workers", "size:workers", "Residuals"]
+    assert list(two_way["df"]) == [1, 3, 1, 17]
+    assert "## Table 1b: two-way ANOVA" in report and "| size:workers | 1 |" in report
+    for name in ("time_by_size.png", "time_by_workers.png", "boxes.png", "speedup.png", "split.png", "load.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / name).stat().st_size > 5000
     analysis = analyze(read_trials(tmp_path), "wall_seconds")
     assert analysis.sizes[1].cells[1].mean == pytest.approx(np.mean(TIMES[1]) + 4)

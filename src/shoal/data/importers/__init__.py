@@ -52,7 +52,7 @@ UNLABELED = ("npy", *TABLE_FORMATS)  # formats whose rows can be imported withou
 
 
 def import_dataset(
-    source: str,
+    source: str | os.PathLike | Sequence[str | os.PathLike],
     out: str,
     format: str,
     *,
@@ -70,6 +70,9 @@ def import_dataset(
 ) -> Dataset:
     """Convert `source` (a `format` file) into the dataset folder `out` and open it.
 
+    `source` may also be a glob pattern or a list of files (or patterns): their rows are imported, in the
+    order given, into one dataset, as the import of their concatenation would be (`several`).
+
     `n_features` fixes the feature count (LIBSVM: otherwise the largest index seen; other
     formats: checked against the file). `label` names the label column of a CSV or Parquet
     table (a name or a 0-based column number; default the last column), the labels file of a
@@ -84,9 +87,25 @@ def import_dataset(
     without it, all must share one size) and stored as uint8 [C, H, W] in `color`, grey or rgb
     (default: rgb if any image is stored in colour, else grey).
     """
-    source, out = str(source), str(out)
+    from shoal.data.importers.several import expand_sources, import_several
+
+    sources, out = expand_sources(source), str(out)
     if format not in IMPORTERS:
         raise DataError(f"unknown import format {format!r}; supported formats: {', '.join(FORMATS)}")
+    if len(sources) > 1:
+        if format in ("npy", "idx") and label is not None:
+            raise DataError(f"{sources[0]}: several {format} files take no one labels file; import them one by one, "
+                            "or as .npz archives holding features and labels")
+        check_output(os.path.abspath(out), overwrite, out)
+
+        def import_one(one: str, part: str) -> Dataset:
+            return import_dataset(one, part, format, n_features=n_features, label=label, features=features,
+                                  categorical=categorical, encoding_from=encoding_from, classes=classes,
+                                  unlabeled=unlabeled, size=size, color=color)
+
+        return import_several(sources, out, format, import_one, rows_per_file=rows_per_file, overwrite=overwrite,
+                              padded=format == "libsvm" and n_features is None)
+    source = sources[0]
     if IMPORTERS[format].folder:
         _check_folder(source)
     else:
