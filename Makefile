@@ -19,7 +19,8 @@ $(DEMO_STAMP): pyproject.toml | $(BIN)/python
 	touch $(DEMO_STAMP)
 
 # --no-compile: pip compiles every installed module one at a time (some 45 s of torch and the test extras); the
-# suite instead compiles what its processes import, once, as they import it (PYTHONDONTWRITEBYTECODE unset below).
+# suite instead compiles what its processes import, once, as they import it (PYTHONDONTWRITEBYTECODE unset below:
+# `make check` and `make test`). `make demo` alone installs with pip's compilation, as a user's install does.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --no-compile -e '.[test,docs]'
 	touch $(STAMP) $(DEMO_STAMP) $(DOCS_STAMP)
@@ -64,7 +65,7 @@ system-packages:
 # waiting (stores, timeouts), not computing.
 check: install
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q -n 2 tests/unit --durations=30
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n 2 tests/unit --durations=30
 
 # Bytecode written once: where PYTHONDONTWRITEBYTECODE is set (as in many containers) every process a test starts
 # would otherwise compile the modules it imports again (torch's alone take seconds of a core), so it is unset here.

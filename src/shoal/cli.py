@@ -432,7 +432,7 @@ def parser() -> argparse.ArgumentParser:
 
     data = commands.add_parser("data", help="datasets: import, synthesize, describe, split, sample")
     data = data.add_subparsers(dest="data_command", required=True)
-    importer = data.add_parser("import", help="convert a file into a shoal dataset folder")
+    importer = data.add_parser("import", help="convert a file (or several) into a shoal dataset folder")
     importer.add_argument("source", nargs="+",
                           help="the input file (images: a folder of one subfolder per class); several files or "
                                "glob patterns ('day-*.csv') are imported into one dataset, in the order given")

@@ -49,6 +49,8 @@ def missing_requirements(hosts: int, dilation: int = 1) -> str | None:
                 f"fewer than {-(-hosts // dilation)} cores")
     if dilation > 1 and cpu_cgroups() is None:
         return "a dilated cluster needs the cgroup cpu controller (v1 at /sys/fs/cgroup/cpu, or v2)"
+    if dilation > 1 and not os.access(cpu_cgroups()[0], os.W_OK):
+        return "a dilated cluster makes cgroups, and this machine's cgroup folder is read-only"
     return None
 
 
@@ -289,12 +291,19 @@ class EmulatedCluster:
 
 
 def _remove_cgroup(group: Path) -> None:
-    """rmdir a host's cgroup once the processes killed in it are gone (the kernel refuses while any remain)."""
-    for _ in range(50):
+    """Kill whatever still runs in a host's cgroup (a process forked after the namespace was emptied), then rmdir
+    it once the kernel has let them go; a cgroup that will not go is said, not left silently."""
+    for _ in range(100):
         try:
+            for pid in (group / "cgroup.procs").read_text().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             group.rmdir()
             return
         except FileNotFoundError:
             return
         except OSError:
             time.sleep(0.1)
+    print(f"tests.cluster.hosts: could not remove the cgroup {group}", file=sys.stderr)

@@ -140,10 +140,11 @@ class OneHostRun:
     the network and on launches much of the time) instead of after it. Leaving the `with` block ends whatever of it
     still runs."""
 
-    def __init__(self, job: str, run_dir, env, workers: int = 2):
+    def __init__(self, job: str, run_dir, env, workers: int = 2, seconds: float = JOB_SECONDS):
         self.run_dir = Path(run_dir)
         self.log = Path(f"{run_dir}.log")
-        self.deadline = time.monotonic() + JOB_SECONDS
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
         with open(self.log, "w") as output:
             self.process = subprocess.Popen([sys.executable, "-m", "shoal", "train", job, "--workers", str(workers),
                                              "--run-dir", str(run_dir)], env=env, stdout=output,
@@ -154,7 +155,7 @@ class OneHostRun:
         try:
             self.process.wait(timeout=max(self.deadline - time.monotonic(), 1))
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the run on one host still runs after {JOB_SECONDS} s:\n{self.log.read_text()[-3000:]}")
+            pytest.fail(f"the run on one host still runs after {self.seconds:g} s:\n{self.log.read_text()[-3000:]}")
         assert self.process.returncode == 0, self.log.read_text()[-3000:]
         return self.run_dir
 

@@ -37,7 +37,7 @@ def test_a_dilated_host_has_its_share_of_a_core_and_of_the_link(dilated, project
 @pytest.mark.timeout(SECONDS * 1.5)
 def test_four_dilated_hosts_end_with_the_weights_of_four_local_workers(dilated, project_env, tmp_path):
     job = write_job(dilated.shared, "sync")
-    with OneHostRun(job, tmp_path / "one", project_env, workers=HOSTS) as alone:
+    with OneHostRun(job, tmp_path / "one", project_env, workers=HOSTS, seconds=SECONDS) as alone:
         run_dir = dilated.shared / "run-sync"
         launchers = start_on_every_host(dilated, job, run_dir, project_env)
         wait_for_nodes(launchers, [dilated.shared / f"run-sync-host{host}.log" for host in range(HOSTS)], SECONDS)

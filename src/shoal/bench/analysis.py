@@ -121,7 +121,7 @@ def analyze(rows: list[dict], measure: str = "train_seconds", alpha: float = 0.0
 
 def _two_way(analysis: Analysis) -> Analysis:
     """The two-way ANOVA where the grid has two sizes, two worker counts and more trials than cells."""
-    observations = [(size.rows, count, value) for size in analysis.sizes for count, cell in size.cells.items()
+    observations = [(size.label, count, value) for size in analysis.sizes for count, cell in size.cells.items()
                     for value in cell.values]
     try:
         analysis.two_way = two_way_anova(observations, ("size", "workers"))

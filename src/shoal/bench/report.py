@@ -25,8 +25,8 @@ REPORT_FILE = "report.md"
 
 def write_report(out: Path, measure: str = "train_seconds", alpha: float = 0.05,
                  profile: Profile | None = None) -> Path:
-    """report.md, anova.csv, tukey.csv and the PNG plots in the study folder; the report's path. With a
-    plan's `profile`, the report also sets each cell's prediction beside its measurement."""
+    """report.md, anova.csv, anova-two-way.csv, tukey.csv and the PNG plots in the study folder; the report's
+    path. With a plan's `profile`, the report also sets each cell's prediction beside its measurement."""
     out = Path(out)
     if not (out / STUDY_FILE).exists():
         raise ConfigError(f"{out}: not a scaling study folder (no {STUDY_FILE})")

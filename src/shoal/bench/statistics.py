@@ -80,9 +80,10 @@ def two_way_anova(observations: Sequence[tuple[Hashable, Hashable, float]],
     one for their interaction (`first:second`), and Residuals.
 
     Sums of squares are Type II (each factor adjusted for the other; the interaction for both), from
-    least-squares fits of nested models, so an unbalanced design (a cell with fewer trials, or none) is
-    handled as R's car::Anova and statsmodels' anova_lm(typ=2) handle it; for a balanced design they are the
-    classical sums. Degrees of freedom are the ranks the data give each term.
+    least-squares fits of nested models, so a cell with fewer trials is handled as R's car::Anova and
+    statsmodels' anova_lm(typ=2) handle it; for a balanced design they are the classical sums. Degrees of
+    freedom are the ranks the data give each term, so a grid with empty cells (a worker count not run at
+    some size) tests what its filled cells can estimate, where those two refuse or count terms with no data.
     """
     first = [observation[0] for observation in observations]
     second = [observation[1] for observation in observations]

@@ -25,7 +25,7 @@ CHUNK_ROWS = 20_000
 CLASSES = 3
 NOISE = 0.3  # standard deviation of every step's noise, against pulses of height 1 to 2
 PULSE_WIDTH = 1.0  # the pulse's standard deviation in steps
-_SEQUENCES_TASK_KEY = 3  # a spawn key of its own (synthetic.py uses 1 and 2)
+_SEQUENCES_TASK_KEY = 4  # a spawn key of its own (synthetic.py uses 1 and 2, claims.py 3)
 
 
 def synth_sequences(out: str, rows: int, *, length: int = 20, features: int = 4, seed: int = 0, task_seed: int = 0,

@@ -91,3 +91,39 @@ def test_the_command_takes_several_sources_and_refusals_name_the_file(tmp_path, 
     assert main(["data", "import", str(first), str(write(tmp_path / "c.svm", "1 3:1\n")), str(out),
                  "--format", "libsvm"]) == 0
     assert "3 rows, sample shape [3]" in capsys.readouterr().out
+
+
+def test_refusals_come_before_any_part_is_imported_and_name_what_was_given(tmp_path, monkeypatch):
+    first = write(tmp_path / "a.svm", "1 1:0.5\n0 2:2\n")
+    second = write(tmp_path / "b.svm", "1 3:1\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match="b.svm: given twice"):  # one file, spelt two ways
+        import_dataset([str(second), "./b.svm", str(first)], "out", "libsvm")
+    with pytest.raises(DataError, match="out: rows_per_file must be at least 1, got 0"):
+        import_dataset([first, second], "out", "libsvm", rows_per_file=0)
+    with pytest.raises(DataError, match="missing.svm: file not found"):
+        import_dataset([first, second, tmp_path / "missing.svm"], "out", "libsvm")
+    with pytest.raises(DataError, match="written to local folders"):
+        import_dataset([first, second], "s3://bucket/out", "libsvm")
+    images = np.zeros((2, 3), np.uint8), np.ones((2, 3), np.float32)
+    for name, features in zip(("grey.npz", "float.npz"), images):
+        np.savez(tmp_path / name, x=features, y=np.zeros(2, np.int64))
+    with pytest.raises(DataError, match="float.npz: features of type float32, but .*grey.npz has uint8"):
+        import_dataset([tmp_path / "grey.npz", tmp_path / "float.npz"], "out", "npz")
+    assert sorted(os.listdir(tmp_path)) == ["a.svm", "b.svm", "float.npz", "grey.npz"]
+
+
+def test_a_tables_feature_count_is_the_joined_width_and_a_parts_error_names_its_file(tmp_path):
+    header = "state,amount,label\n"
+    first = write(tmp_path / "1.csv", header + "CA,1,0\n")
+    second = write(tmp_path / "2.csv", header + "NY,2,1\n")
+    joined = import_dataset([first, second], str(tmp_path / "joined"), "csv", categorical=["state"], n_features=3)
+    assert joined.shape == (3,)  # state=CA, state=NY, amount: neither file alone encodes to 3
+    with pytest.raises(DataError, match="encode to 3 features .*n_features=2"):
+        import_dataset([first, second], str(tmp_path / "other"), "csv", categorical=["state"], n_features=2)
+    many = write(tmp_path / "many.csv", header + "".join(f"CA,1,{label}\n" for label in range(10_001)))
+    with pytest.raises(DataError) as refused:
+        import_dataset([first, many], str(tmp_path / "other"), "csv", categorical=["state"])
+    assert str(refused.value).startswith(f"{many}") and ".parts" not in str(refused.value)
+    assert "more than 10000 distinct labels" in str(refused.value)  # the writer's, which named the part's folder
+

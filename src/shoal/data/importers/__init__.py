@@ -92,28 +92,33 @@ def import_dataset(
     sources, out = expand_sources(source), str(out)
     if format not in IMPORTERS:
         raise DataError(f"unknown import format {format!r}; supported formats: {', '.join(FORMATS)}")
+    for one in sources:  # every file before the first is imported: a missing 40th is not found after 39 imports
+        if IMPORTERS[format].folder:
+            _check_folder(one)
+        else:
+            check_file(one)
+    if n_features is not None and n_features < 1:
+        raise DataError(f"{sources[0]}: n_features must be at least 1, got {n_features}")
+    if rows_per_file < 1:
+        raise DataError(f"{out}: rows_per_file must be at least 1, got {rows_per_file}")
     if len(sources) > 1:
         if format in ("npy", "idx") and label is not None:
             raise DataError(f"{sources[0]}: several {format} files take no one labels file; import them one by one, "
                             "or as .npz archives holding features and labels")
+        if "://" in out:
+            raise DataError(f"{out}: datasets are written to local folders (copy the folder to the store after)")
         check_output(os.path.abspath(out), overwrite, out)
+        table = IMPORTERS[format].table  # a table's width is its categories' union: checked on the joined parts
 
         def import_one(one: str, part: str) -> Dataset:
-            return import_dataset(one, part, format, n_features=n_features, label=label, features=features,
-                                  categorical=categorical, encoding_from=encoding_from, classes=classes,
-                                  unlabeled=unlabeled, size=size, color=color)
+            return import_dataset(one, part, format, n_features=None if table else n_features, label=label,
+                                  features=features, categorical=categorical, encoding_from=encoding_from,
+                                  classes=classes, unlabeled=unlabeled, size=size, color=color)
 
         return import_several(sources, out, format, import_one, rows_per_file=rows_per_file, overwrite=overwrite,
-                              padded=format == "libsvm" and n_features is None)
+                              padded=format == "libsvm" and n_features is None,
+                              width=n_features if table else None)
     source = sources[0]
-    if IMPORTERS[format].folder:
-        _check_folder(source)
-    else:
-        check_file(source)
-    if n_features is not None and n_features < 1:
-        raise DataError(f"{source}: n_features must be at least 1, got {n_features}")
-    if rows_per_file < 1:
-        raise DataError(f"{out}: rows_per_file must be at least 1, got {rows_per_file}")
     _check_format_options(source, format, features, categorical, encoding_from)
     _check_image_options(source, format, label, size, color)
     if unlabeled and (format not in UNLABELED or label is not None or classes is not None):

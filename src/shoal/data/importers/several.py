@@ -9,7 +9,10 @@ output in the order given, reconciled as one import of all their rows would have
 - a table's one-hot categories are the sorted union of each file's (each part's columns are placed by
   name), and the files must have the same feature columns;
 - labels are numbers with a fraction in every part once any part has one; text labels and number
-  labels in different files are refused, as are samples of different shapes.
+  labels in different files are refused, as are samples of different shapes or types (uint8 rows are
+  scaled to [0, 1] when read, float rows are not: joined, one file's rows would be 255 times the other's).
+
+The parts take as much disk as the output, beside it, until the join ends.
 
 The parts live under a temporary name owned by this process (`shoal.data.leftovers`), removed when the
 import ends, fails or is stopped.
@@ -17,6 +20,7 @@ import ends, fails or is stopped.
 
 from __future__ import annotations
 
+import collections
 import glob
 import os
 import shutil
@@ -27,7 +31,7 @@ import numpy as np
 
 from shoal.data import leftovers
 from shoal.data.encoding import MAX_CATEGORIES, META_KEY, Encoding
-from shoal.data.format import Dataset, DatasetWriter, open_dataset
+from shoal.data.format import MAX_CLASSES, Dataset, DatasetWriter, open_dataset
 from shoal.errors import DataError
 
 STANDARD_KEYS = {"format", "version", "rows", "shape", "feature_dtype", "classes", "labeled", "feature_names", "files"}
@@ -49,7 +53,9 @@ def expand_sources(source: str | os.PathLike | Sequence[str | os.PathLike]) -> l
         if not matches:
             raise DataError(f"{item}: matches no file")
         found += matches
-    repeated = sorted({path for path in found if found.count(path) > 1})
+    # the same file however it is spelt (relative, absolute, through a link)
+    seen = collections.Counter(os.path.realpath(path) for path in found)
+    repeated = [path for path in found if seen[os.path.realpath(path)] > 1]
     if repeated:
         raise DataError(f"{repeated[0]}: given twice (its rows would be imported twice)")
     return found
@@ -70,10 +76,11 @@ class Layout:
 
 
 def import_several(sources: list[str], out: str, format: str, import_one: Callable[[str, str], Dataset], *,
-                   rows_per_file: int, overwrite: bool, padded: bool) -> Dataset:
+                   rows_per_file: int, overwrite: bool, padded: bool, width: int | None = None) -> Dataset:
     """Import each of `sources` with `import_one(source, part_folder)`, then join the parts into `out`.
 
-    `padded`: the format's rows are as wide as their largest feature index (LIBSVM without n_features)."""
+    `padded`: the format's rows are as wide as their largest feature index (LIBSVM without n_features).
+    `width`: a table's feature count as the user gave it, checked against the joined encoding's."""
     parent, name = os.path.split(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     folder = os.path.join(parent, leftovers.owned_name(f".{name}.parts"))
@@ -81,9 +88,12 @@ def import_several(sources: list[str], out: str, format: str, import_one: Callab
     os.makedirs(folder)
     leftovers.remove_on_stop(folder)
     try:
-        parts = [import_one(source, os.path.join(folder, f"part-{index:05d}"))
+        parts = [_import_part(import_one, source, os.path.join(folder, f"part-{index:05d}"))
                  for index, source in enumerate(sources)]
-        layout = _layout(parts, sources, padded)
+        layout = _layout(parts, sources, padded, format)
+        if width is not None and width != layout.shape[0]:
+            raise DataError(f"{sources[0]} and the other files: encode to {layout.shape[0]} features (categories "
+                            f"one-hot), but n_features={width}")
         _join(parts, layout, out, rows_per_file=rows_per_file, overwrite=overwrite)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -91,7 +101,15 @@ def import_several(sources: list[str], out: str, format: str, import_one: Callab
     return open_dataset(out)
 
 
-def _layout(parts: list[Dataset], sources: list[str], padded: bool) -> Layout:
+def _import_part(import_one: Callable[[str, str], Dataset], source: str, part: str) -> Dataset:
+    """One file's part; an error that names the part's folder (a full disk, say) names the file instead."""
+    try:
+        return import_one(source, part)
+    except DataError as error:
+        raise DataError(str(error).replace(part, source)) from None
+
+
+def _layout(parts: list[Dataset], sources: list[str], padded: bool, format: str) -> Layout:
     first = parts[0]
     extra = {key: value for key, value in first.meta.items() if key not in STANDARD_KEYS}
     if isinstance(extra.get("source"), dict):
@@ -106,13 +124,15 @@ def _layout(parts: list[Dataset], sources: list[str], padded: bool) -> Layout:
         width = max(part.shape[0] for part in parts)
         names, columns, shape = None, [np.arange(part.shape[0]) for part in parts], (width,)
     else:
-        _check_same(parts, sources, "samples of shape", lambda part: list(part.shape))
+        hint = " (give --color so that every folder's images have as many channels)" if format == "images" else ""
+        _check_same(parts, sources, "samples of shape", lambda part: list(part.shape), hint)
         _check_same(parts, sources, "feature names", lambda part: part.feature_names)
         names, columns, shape = first.feature_names, [None] * len(parts), first.shape
-    dtypes = {part.feature_dtype for part in parts}
-    dtype = first.feature_dtype if len(dtypes) == 1 else np.dtype(np.float32)
+    # uint8 rows are images, scaled to [0, 1] when read: beside float rows their 0-255 would pass unscaled
+    _check_same(parts, sources, "features of type", lambda part: str(part.feature_dtype))
+    dtype = first.feature_dtype
     float_labels = _float_labels(parts, sources)
-    return Layout(shape, dtype, names, extra, columns, float_labels, _classes(parts, float_labels))
+    return Layout(shape, dtype, names, extra, columns, float_labels, _classes(parts, float_labels, sources))
 
 
 def _joint_encoding(parts: list[Dataset], sources: list[str]) -> Encoding:
@@ -139,11 +159,12 @@ def _placed(names: list[str], joint: list[str]) -> np.ndarray:
     return np.array([position[name] for name in names], dtype=np.int64)
 
 
-def _check_same(parts: list[Dataset], sources: list[str], what: str, value: Callable[[Dataset], object]) -> None:
+def _check_same(parts: list[Dataset], sources: list[str], what: str, value: Callable[[Dataset], object],
+                hint: str = "") -> None:
     for part, source in zip(parts[1:], sources[1:]):
         if value(part) != value(parts[0]):
             raise DataError(f"{source}: {what} {value(part)}, but {sources[0]} has {value(parts[0])}: files "
-                            "imported together must hold the same kind of rows")
+                            f"imported together must hold the same kind of rows{hint}")
 
 
 def _label_kind(part: Dataset) -> str | None:
@@ -162,11 +183,15 @@ def _float_labels(parts: list[Dataset], sources: list[str]) -> bool:
     return "float" in kinds and "int" in kinds
 
 
-def _classes(parts: list[Dataset], float_labels: bool) -> list | None:
+def _classes(parts: list[Dataset], float_labels: bool, sources: list[str]) -> list | None:
     """The union of the parts' classes, as a whole import finds them; None where any part has none."""
     if float_labels or any(part.classes is None for part in parts):
         return None
-    return sorted(set().union(*(part.classes for part in parts)))
+    classes = sorted(set().union(*(part.classes for part in parts)))
+    if len(classes) > MAX_CLASSES:  # the writer checks labels it finds, not classes it is given
+        raise DataError(f"{sources[0]} and the other files: more than {MAX_CLASSES} distinct labels; is the label "
+                        "column right?")
+    return classes
 
 
 def _join(parts: list[Dataset], layout: Layout, out: str, *, rows_per_file: int, overwrite: bool) -> None:

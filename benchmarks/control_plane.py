@@ -1,0 +1,150 @@
+"""The control plane at 4 to 32 machines: seconds to start, to go on without a lost machine, and to take one back.
+
+The seeds ran 16 nodes (Parallel SGD), 36 machines (cNeural) and 60 workers (mpi_learn). Here an elastic job
+(`--nnodes N-1:N`, one worker a host, each host's own /tmp as run directory, as benchmarks/elastic.py starts it)
+trains cNeural's 784-40-10 perceptron on the emulated cluster of N hosts, every host at the same dilated speed
+(tests/cluster/hosts.py: 1/D of a core and 1/D of a 1 Gbit/s link, D hosts to a core, D = 16 by default so that
+32 hosts fit 2 cores; the smaller clusters leave cores idle, so every size has hosts of one speed). Per size:
+
+- start: from starting the N launchers to the job's `job_start` (every worker has met, rendezvous done);
+- recovery: from SIGKILLing every process of the last host, in epoch 2, to training again on N-1 (`job_resumed`);
+- join: from that host's launcher started again (after the next epoch) to training again on N; and the pause,
+  from the checkpoint the others wait at to training again.
+
+Times are seconds of this machine's clock, not divided by D: the control plane's waits (heartbeats, the
+rejoin timeout) are wall-clock constants that dilation does not stretch, while its start-up is CPU work it does.
+Compare sizes with each other (same D), not with an undilated run. Goal: 32 hosts at most 2x 4 hosts, each.
+
+    .venv/bin/python -m benchmarks.control_plane            # about 20 minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tests.cluster.hosts import EmulatedCluster, missing_requirements
+
+from benchmarks.common import machine, machine_line, write_result
+from benchmarks.elastic import events_of, finish, start, wait_for_epoch
+from shoal.data.synthetic import synth_digits
+from shoal.events import Checkpoint, JobResumed, JobStart
+
+GOAL = 2.0
+
+
+def write_job(folder: Path, data: Path, epochs: int) -> Path:
+    path = folder / "control.toml"
+    path.write_text(f"""[model]
+input = [784]
+layers = [{{ dense = 40, activation = "sigmoid" }}, {{ dense = 10 }}]
+[data]
+train = "{data}"
+[algorithm]
+name = "sync"
+[train]
+epochs = {epochs}
+batch_size = 32
+optimizer = {{ name = "sgd", lr = 0.1 }}
+[checkpoint]
+every = 1
+[cluster]
+threads = 1
+timeout = 300
+rejoin_timeout = 5
+[output]
+progress = "lines"
+""")
+    return path
+
+
+def measure(hosts: int, dilation: int, rows_per_host: int, epochs: int) -> dict:
+    """Start, recovery and join seconds of one elastic job on `hosts` dilated hosts."""
+    with EmulatedCluster(hosts=hosts, rate="1gbit", dilation=dilation) as cluster:
+        data = cluster.shared / "digits"
+        synth_digits(str(data), rows_per_host * hosts, seed=1)
+        job = write_job(cluster.shared, data, epochs)
+        nodes, last = f"{hosts - 1}:{hosts}", hosts - 1
+        began = time.time()
+        launchers = [start(cluster, host, job, nodes, "elastic") for host in range(hosts)]
+        first = wait_for_epoch(cluster, "elastic", 1, seconds=3600)
+        time.sleep(first.seconds / 2)  # half way through epoch 2
+        killed = time.time()
+        for pid in cluster.pids(last):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        launchers[last].wait(timeout=60)
+        resumed_epoch = wait_for_epoch(cluster, "elastic", 2, after=killed, seconds=3600).epoch
+        returned = time.time()
+        launchers[last] = start(cluster, last, job, nodes, "elastic")
+        finish(cluster, launchers, "elastic")
+        history = events_of(cluster, "elastic")
+    started = history.of(JobStart)[0].time
+    resumed = history.of(JobResumed)
+    after_kill = next(event for event in resumed if event.time > killed)
+    after_return = [event for event in resumed if event.time > returned]
+    saved = [event for event in history.of(Checkpoint) if after_return and event.time < after_return[0].time]
+    return {"hosts": hosts, "dilation": dilation, "start": round(started - began, 1),
+            "recovery": round(after_kill.time - killed, 1),
+            "join": round(after_return[0].time - returned, 1) if after_return else None,
+            "join_pause": round(after_return[0].time - saved[-1].time, 1) if after_return and saved else None,
+            "epoch_seconds": round(first.seconds, 2), "resumed_epoch": resumed_epoch,
+            "status": history.end.status}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="4,16,32")
+    parser.add_argument("--dilation", type=int, default=16)
+    parser.add_argument("--rows-per-host", type=int, default=1000)
+    parser.add_argument("--epochs", type=int, default=6)
+    args = parser.parse_args(argv)
+    sizes = [int(size) for size in args.sizes.split(",")]
+    reason = missing_requirements(max(sizes), args.dilation)
+    if reason:
+        sys.exit(f"benchmarks.control_plane: {reason}")
+    began = time.monotonic()
+    rows = []
+    for hosts in sizes:
+        rows.append(measure(hosts, args.dilation, args.rows_per_host, args.epochs))
+        print(rows[-1], flush=True)
+    base = rows[0]
+    lines = ["| hosts | start s | recovery s | join s | join pause s | epoch s | job |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for row in rows:
+        lines.append(f"| {row['hosts']} | {row['start']} | {row['recovery']} | {row['join']} | {row['join_pause']} | "
+                     f"{row['epoch_seconds']} | {row['status']} |")
+    verdicts = []
+    for what in ("start", "recovery", "join"):
+        if base[what] and rows[-1][what] is not None:
+            ratio = rows[-1][what] / base[what]
+            verdicts.append(f"- {what}: {rows[-1]['hosts']} hosts {ratio:.2f}x {base['hosts']} hosts "
+                            f"({'met' if ratio <= GOAL else 'missed'}, goal <= {GOAL:g}x)")
+    info = machine()
+    markdown = f"""# The control plane at {', '.join(map(str, sizes))} machines
+
+{machine_line(info)}. Emulated hosts dilated by D = {args.dilation} (1/{args.dilation} of a core each, links at
+1/{args.dilation} of 1 Gbit/s), one worker a host; `sync`, 784-40-10 perceptron, {args.rows_per_host:,} digit rows
+a host, batch 32, `--nnodes N-1:N`, rejoin timeout 5 s. The last host is SIGKILLed half way through epoch 2 and
+started again after the next epoch. Seconds of this machine's clock (see the script's docstring).
+`python -m benchmarks.control_plane --sizes {args.sizes} --dilation {args.dilation}`
+({(time.monotonic() - began) / 60:.1f} minutes).
+
+{chr(10).join(lines)}
+
+{chr(10).join(verdicts)}
+"""
+    path = write_result("control-plane", markdown, {"machine": info, "arguments": vars(args), "results": rows})
+    print(markdown)
+    print(f"written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
