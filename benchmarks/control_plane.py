@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="4,16,32")
     parser.add_argument("--dilation", type=int, default=16)
     parser.add_argument("--rows-per-host", type=int, default=1000)
-    parser.add_argument("--epochs", type=int, default=20)  # the arrival starts slowly (1/D of a core): it must find epochs left
+    # the arrival starts slowly (1/D of a core): it must find epochs left to join
+    parser.add_argument("--epochs", type=int, default=20)
     args = parser.parse_args(argv)
     sizes = [int(size) for size in args.sizes.split(",")]
     reason = missing_requirements(max(sizes), args.dilation)
