@@ -98,3 +98,4 @@ bench: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.repeatability
 	$(BIN)/python -m benchmarks.peers
 	$(BIN)/python -m benchmarks.scaling
+	$(BIN)/python -m benchmarks.dilation

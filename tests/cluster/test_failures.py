@@ -46,9 +46,14 @@ def wait_for_event(run_dir, kind: str, seconds: float = 90) -> None:
 
 
 def assert_nothing_left(cluster, seconds: float) -> None:
+    """Nothing runs on either host within `seconds` (a hang guard: they end within a second or two)."""
+    assert_nothing_left_on(cluster, 0, 1, seconds=seconds)
+
+
+def assert_nothing_left_on(cluster, *hosts: int, seconds: float) -> None:
     deadline = time.monotonic() + seconds
-    while any(cluster.pids(host) for host in range(2)):
-        left = {host: cluster.pids(host) for host in range(2)}
+    while any(cluster.pids(host) for host in hosts):
+        left = {host: cluster.pids(host) for host in hosts}
         assert time.monotonic() < deadline, f"still running after {seconds} s: {left}"
         time.sleep(0.1)
 
@@ -99,10 +104,9 @@ def test_a_cut_link_fails_both_launchers_in_time_naming_the_host(two_hosts, proj
     launchers = start_on_two_hosts(two_hosts, job, run_dir, project_env)
     try:
         wait_for_event(run_dir, "epoch_end")
-        cut = time.monotonic()
         two_hosts.cut_link(1)
+        # a hang guard, not a speed claim: both launchers must end, failed, within the job's timeout and 15 s
         logs = finish(two_hosts, launchers, run_dir, seconds=TIMEOUT + 15)
-        assert time.monotonic() - cut < TIMEOUT + 15
         assert all(launcher.returncode not in (0, None) for launcher in launchers)
         for log in logs:
             assert "host1" in log.strip().splitlines()[-1], log[-2000:]
@@ -121,10 +125,8 @@ def test_sigterm_in_the_restart_rendezvous_stops_both_hosts(two_hosts, project_e
     try:
         wait_for_event(run_dir, "epoch_end")
         launchers[1].send_signal(signal.SIGKILL)  # host 1's launcher: gone without a word
-        killed = time.monotonic()
-        while two_hosts.pids(1):
-            assert time.monotonic() - killed < 10, "host 1's workers outlived their launcher by 10 s"
-            time.sleep(0.1)
+        # a hang guard: host 1's workers must follow their launcher (they notice within a second or two)
+        assert_nothing_left_on(two_hosts, 1, seconds=30)
         wait_for_event(run_dir, "job_restarted", seconds=30)  # host 0 now waits for host 1 to come back
         launchers[0].send_signal(signal.SIGTERM)
         assert_nothing_left(two_hosts, seconds=15)

@@ -53,6 +53,10 @@ def local_network() -> nn.Module:
 
 def test_a_module_and_arrays_train_as_the_same_job_from_a_job_file(data, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    # a temporary directory of the test's own: other tests' fits, running beside this one, stage theirs in /tmp
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
     (train, test) = data
     staged_before = set(Path(tempfile.gettempdir()).glob("shoal-data.*"))
     from_objects = shoal.fit(model=local_network(), train=train, test=test, workers=2, **SETTINGS)

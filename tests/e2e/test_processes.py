@@ -42,9 +42,15 @@ def wait_for_first_epoch(launcher: subprocess.Popen, run_dir: Path) -> None:
         time.sleep(0.05)
 
 
-def test_fit_gives_the_callers_signal_handlers_and_environment_back_and_leaves_no_folders(task, tmp_path):
+def test_fit_gives_the_callers_signal_handlers_and_environment_back_and_leaves_no_folders(task, tmp_path,
+                                                                                          monkeypatch):
     def mine(signum, frame):
         raise AssertionError("not expected to run")
+
+    # a temporary directory of the test's own: other tests' jobs, running beside this one, make their folders in /tmp
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
 
     before = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)}
     folders = launcher_folders()
