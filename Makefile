@@ -8,7 +8,7 @@ DEMO_STAMP := $(VENV)/.demo-stamp
 PEERS_STAMP := $(VENV)/.peers-stamp
 DOCS_STAMP := $(VENV)/.docs-stamp
 
-.PHONY: install demo check test lint bench system-packages docs
+.PHONY: install demo check test lint bench bench-seeds system-packages docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -98,4 +98,11 @@ bench: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.repeatability
 	$(BIN)/python -m benchmarks.peers
 	$(BIN)/python -m benchmarks.scaling
-	$(BIN)/python -m benchmarks.dilation
+	$(MAKE) bench-seeds
+
+# The seeds' experiments at their scale on the dilated emulated cluster (root, about 2 hours on 2 cores).
+bench-seeds: $(STAMP)
+	$(BIN)/python -m benchmarks.dilation --rows 200000
+	$(BIN)/python -m benchmarks.seeds_kennedy
+	$(BIN)/python -m benchmarks.seeds_mpi_learn
+	$(BIN)/python -m benchmarks.control_plane

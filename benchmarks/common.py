@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -16,6 +17,12 @@ from shoal.events import History, read_history
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 WORK = ROOT / "benchmarks" / "work"  # generated data and runs; ignored by git
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (as `timeout` sends) ends the script as an exception would, so that its `with` blocks close what
+    they built (an emulated cluster's namespaces, cgroups and keepers)."""
+    signal.signal(signal.SIGTERM, lambda number, _frame: sys.exit(128 + number))
 
 
 def machine() -> dict:

@@ -11,9 +11,10 @@ trains cNeural's 784-40-10 perceptron on the emulated cluster of N hosts, every 
 - join: from that host's launcher started again (after the next epoch) to training again on N; and the pause,
   from the checkpoint the others wait at to training again.
 
-Times are seconds of this machine's clock, not divided by D: the control plane's waits (heartbeats, the
-rejoin timeout) are wall-clock constants that dilation does not stretch, while its start-up is CPU work it does.
-Compare sizes with each other (same D), not with an undilated run. Goal: 32 hosts at most 2x 4 hosts, each.
+The job's own waits are dilated with the hosts (cluster.timeout 30 s, rejoin_timeout 5 s and stall_timeout 30 s,
+each times D; only the one-second heartbeat stays, so beats are relatively D times more frequent), and times are
+reported divided by D: the seconds on the machines a host stands for. Compare sizes with each other (same D). Goal: 32
+hosts at most 2x 4 hosts, each. Every host's log and the events are kept in benchmarks/work/control-plane/.
 
     .venv/bin/python -m benchmarks.control_plane            # about 20 minutes on 2 cores
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import time
@@ -29,15 +31,17 @@ from pathlib import Path
 
 from tests.cluster.hosts import EmulatedCluster, missing_requirements
 
-from benchmarks.common import machine, machine_line, write_result
+from benchmarks.common import WORK, exit_on_sigterm, machine, machine_line, write_result
 from benchmarks.elastic import events_of, finish, start, wait_for_epoch
 from shoal.data.synthetic import synth_digits
 from shoal.events import Checkpoint, JobResumed, JobStart
 
 GOAL = 2.0
+REJOIN_SECONDS = 5
+KEPT = WORK / "control-plane"
 
 
-def write_job(folder: Path, data: Path, epochs: int) -> Path:
+def write_job(folder: Path, data: Path, epochs: int, dilation: int, batch: int) -> Path:
     path = folder / "control.toml"
     path.write_text(f"""[model]
 input = [784]
@@ -48,14 +52,15 @@ train = "{data}"
 name = "sync"
 [train]
 epochs = {epochs}
-batch_size = 32
+batch_size = {batch}
 optimizer = {{ name = "sgd", lr = 0.1 }}
 [checkpoint]
 every = 1
 [cluster]
 threads = 1
-timeout = 300
-rejoin_timeout = 5
+timeout = {30 * dilation}
+rejoin_timeout = {REJOIN_SECONDS * dilation}
+stall_timeout = {30 * dilation}
 [output]
 progress = "lines"
 """)
@@ -67,35 +72,56 @@ def measure(hosts: int, dilation: int, rows_per_host: int, epochs: int) -> dict:
     with EmulatedCluster(hosts=hosts, rate="1gbit", dilation=dilation) as cluster:
         data = cluster.shared / "digits"
         synth_digits(str(data), rows_per_host * hosts, seed=1)
-        job = write_job(cluster.shared, data, epochs)
-        nodes, last = f"{hosts - 1}:{hosts}", hosts - 1
-        began = time.time()
-        launchers = [start(cluster, host, job, nodes, "elastic") for host in range(hosts)]
-        first = wait_for_epoch(cluster, "elastic", 1, seconds=3600)
-        time.sleep(first.seconds / 2)  # half way through epoch 2
-        killed = time.time()
-        for pid in cluster.pids(last):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        launchers[last].wait(timeout=60)
-        resumed_epoch = wait_for_epoch(cluster, "elastic", 2, after=killed, seconds=3600).epoch
-        returned = time.time()
-        launchers[last] = start(cluster, last, job, nodes, "elastic")
-        finish(cluster, launchers, "elastic")
-        history = events_of(cluster, "elastic")
+        # one step an epoch: a dilated ring of 32 waits up to a period (D slices) at each hop, and the control
+        # plane, not the steps, is what is measured
+        job = write_job(cluster.shared, data, epochs, dilation, rows_per_host)
+        try:
+            return timings(cluster, job, hosts, dilation)
+        finally:
+            keep_logs(cluster, KEPT / f"hosts-{hosts}")
+
+
+def keep_logs(cluster: EmulatedCluster, folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for log in cluster.shared.glob("*.log"):
+        shutil.copy2(log, folder / log.name)
+    events = cluster.private(0) / "run-elastic" / "events.jsonl"
+    if events.exists():
+        shutil.copy2(events, folder / "events.jsonl")
+
+
+def timings(cluster: EmulatedCluster, job: Path, hosts: int, dilation: int) -> dict:
+    """Start, recovery and join, in seconds divided by `dilation`."""
+    nodes, last = f"{hosts - 1}:{hosts}", hosts - 1
+    began = time.time()
+    launchers = [start(cluster, host, job, nodes, "elastic") for host in range(hosts)]
+    first = wait_for_epoch(cluster, "elastic", 1, seconds=3600)
+    time.sleep(first.seconds / 2)  # half way through epoch 2
+    killed = time.time()
+    for pid in cluster.pids(last):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    launchers[last].wait(timeout=60)
+    resumed_epoch = wait_for_epoch(cluster, "elastic", 2, after=killed, seconds=3600).epoch
+    returned = time.time()
+    launchers[last] = start(cluster, last, job, nodes, "elastic")
+    finish(cluster, launchers, "elastic")
+    history = events_of(cluster, "elastic")
     started = history.of(JobStart)[0].time
     resumed = history.of(JobResumed)
     after_kill = next(event for event in resumed if event.time > killed)
     after_return = [event for event in resumed if event.time > returned]
     saved = [event for event in history.of(Checkpoint) if after_return and event.time < after_return[0].time]
-    return {"hosts": hosts, "dilation": dilation, "start": round(started - began, 1),
-            "recovery": round(after_kill.time - killed, 1),
-            "join": round(after_return[0].time - returned, 1) if after_return else None,
-            "join_pause": round(after_return[0].time - saved[-1].time, 1) if after_return and saved else None,
-            "epoch_seconds": round(first.seconds, 2), "resumed_epoch": resumed_epoch,
-            "status": history.end.status}
+    return {"hosts": hosts, "dilation": dilation, "start": round((started - began) / dilation, 2),
+            "recovery": round((after_kill.time - killed) / dilation, 2),
+            "join": round((after_return[0].time - returned) / dilation, 2) if after_return else None,
+            "join_pause": round((after_return[0].time - saved[-1].time) / dilation, 2)
+            if after_return and saved else None,
+            "epoch_seconds": round(first.seconds / dilation, 3), "resumed_epoch": resumed_epoch,
+            "started_with": history.of(JobStart)[0].world_size, "status": history.end.status}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     # the arrival starts slowly (1/D of a core): it must find epochs left to join
     parser.add_argument("--epochs", type=int, default=20)
     args = parser.parse_args(argv)
+    exit_on_sigterm()
     sizes = [int(size) for size in args.sizes.split(",")]
     reason = missing_requirements(max(sizes), args.dilation)
     if reason:
@@ -116,11 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(measure(hosts, args.dilation, args.rows_per_host, args.epochs))
         print(rows[-1], flush=True)
     base = rows[0]
-    lines = ["| hosts | start s | recovery s | join s | join pause s | epoch s | job |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| hosts | met | start s | recovery s | join s | join pause s | epoch s | job |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for row in rows:
-        lines.append(f"| {row['hosts']} | {row['start']} | {row['recovery']} | {row['join']} | {row['join_pause']} | "
-                     f"{row['epoch_seconds']} | {row['status']} |")
+        lines.append(f"| {row['hosts']} | {row['started_with']} | {row['start']} | {row['recovery']} | {row['join']} | "
+                     f"{row['join_pause']} | {row['epoch_seconds']} | {row['status']} |")
     verdicts = []
     for what in ("start", "recovery", "join"):
         if base[what] and rows[-1][what] is not None:
@@ -132,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
 
 {machine_line(info)}. Emulated hosts dilated by D = {args.dilation} (1/{args.dilation} of a core each, links at
 1/{args.dilation} of 1 Gbit/s), one worker a host; `sync`, 784-40-10 perceptron, {args.rows_per_host:,} digit rows
-a host, batch 32, `--nnodes N-1:N`, rejoin timeout 5 s. The last host is SIGKILLed half way through epoch 2 and
-started again after the next epoch. Seconds of this machine's clock (see the script's docstring).
+a host, one step an epoch (batch {args.rows_per_host:,}), `--nnodes N-1:N`, the job's waits times D (rejoin timeout
+{REJOIN_SECONDS} s x D). The last host
+is SIGKILLed half way through epoch 2 and started again after the next epoch. Seconds divided by D; "met" is how
+many hosts the job started with.
 `python -m benchmarks.control_plane --sizes {args.sizes} --dilation {args.dilation}`
 ({(time.monotonic() - began) / 60:.1f} minutes).
 

@@ -4,11 +4,15 @@ Ubuntu box), its own /tmp, its own CPU core and a rate-shaped link. A checkout u
 .venv) stays visible at its own path on every host, as an NFS home would on a real cluster.
 
 More hosts than cores are emulated by time dilation (`dilation` D): each host gets 1/D of a core
-(its processes in a cgroup whose CPU quota is 1 ms in every D ms, D hosts to a core) and a link at
-1/D of `rate`, so every host computes and sends D times slower than the machine it stands for, and
-times measured on the cluster, divided by D, estimate that machine's. What dilation cannot slow: the
-kernel's per-message cost and the wake-up of a waiting process (a message is relatively D times
-cheaper), and caches, which D hosts on one core share.
+(its processes in a cgroup whose CPU quota is `slice_ms` in every D x `slice_ms`, D hosts to a core) and a
+link at 1/D of `rate`, so every host computes and sends D times slower than the machine it stands for, and
+times measured on the cluster, divided by D, estimate that machine's. Each core the hosts use also runs a
+keeper, a spinning process of the idle scheduling class: it takes only time no host wants, and so the
+virtual CPU never idles, which on a VM costs a host about half its speed (the hypervisor lends the idle
+core away and the host returns to a cold one; benchmarks/results/README.md, Time dilation). What dilation
+cannot slow: the kernel's per-message cost and the wake-up of a waiting process (a message is relatively D
+times cheaper), and caches, which D hosts on one core share; and a host that waits for a message may wait up
+to the rest of its period (D - 1 slices) for its next turn.
 
 Tests, benchmarks and the planner start commands "on host i" through `EmulatedCluster.start`.
 Everything it creates (namespaces, the bridge, the hosts' processes, its folders) is removed by
@@ -33,6 +37,9 @@ from shoal.plan.calibrate import parse_rate
 
 SUBNET = "10.77.0"
 TMP = Path("/tmp")
+# a host's turn on its core: 1 ms slices made a dilated averaging epoch 1.45x too long (each turn resumes
+# cold), 50 ms ones stretch a sync step's wait for a peer's turn; 10 ms was within 18% for both (README)
+SLICE_MS = 10
 _BUILT = itertools.count()  # clusters built by this process; names stay within Linux's 15 characters
 CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -107,13 +114,17 @@ class EmulatedCluster:
     folders in `keep` (default: `code_folders()`) that lie under /tmp are seen by every host at their own path.
     Each host has a core of its own unless `cores` says which each takes (indexes into this process's cores;
     several hosts may share one: machines of unequal speed). With `dilation` D above 1, each host has 1/D of a
-    core (D hosts to a core, in turn) and a link at `rate` / D: see the module's docstring."""
+    core (D hosts to a core, in turn, `slice_ms` at a time) and a link at `rate` / D: see the module's
+    docstring."""
 
     def __init__(self, hosts: int = 2, rate: str = "1gbit", keep=None, cores: list[int] | None = None,
-                 dilation: int = 1):
+                 dilation: int = 1, slice_ms: int = SLICE_MS):
         if dilation < 1:
             raise ValueError(f"dilation: at least 1, got {dilation}")
-        self.hosts, self.rate, self.dilation = hosts, rate, dilation
+        if slice_ms < 1:
+            raise ValueError(f"slice_ms: at least 1, got {slice_ms}")
+        self.hosts, self.rate, self.dilation, self.slice_ms = hosts, rate, dilation, slice_ms
+        self.keepers: list[subprocess.Popen] = []
         self.link_rate = rate if dilation == 1 else f"{int(parse_rate(rate) / dilation)}bit"
         self.cgroups: list[Path] = []
         self.kept = under_tmp(code_folders() if keep is None else keep)
@@ -135,6 +146,11 @@ class EmulatedCluster:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def cgroup_view(self) -> Path:
+        """The cpu controller's cgroups, bind-mounted where every host sees them (dilated clusters)."""
+        return self.folder / "cgroups"
 
     def namespace(self, host: int) -> str:
         return f"{self.prefix}-h{host}"
@@ -162,10 +178,15 @@ class EmulatedCluster:
         self._write_enter()
 
     def _limit_cpu(self) -> None:
-        """A cgroup per host whose processes run at most 1 ms in every `dilation` ms: 1/D of a core, in slices
-        short enough that a waiting host is woken within D ms, not a long period's idle part."""
+        """A cgroup per host whose processes run at most `slice_ms` in every D slices: 1/D of a core, in turns
+        short enough that a waiting host is woken within a period; and a keeper on each of the hosts' cores."""
         root, version = cpu_cgroups()
-        period, quota = 1000 * self.dilation, 1000
+        quota = 1000 * self.slice_ms
+        period = quota * self.dilation
+        # `ip netns exec` mounts a sysfs of its own over /sys: a host reaching another (`enter`, as a launcher's
+        # ssh does) finds the cgroups here instead, in the cluster's folder, which every host sees
+        self.cgroup_view.mkdir()
+        subprocess.run(["mount", "--bind", str(root), str(self.cgroup_view)], check=True, capture_output=True)
         for host in range(self.hosts):
             group = root / f"{self.prefix}-h{host}"
             group.mkdir()
@@ -175,6 +196,12 @@ class EmulatedCluster:
                 (group / "cpu.cfs_quota_us").write_text(str(quota))
             else:
                 (group / "cpu.max").write_text(f"{quota} {period}")
+        for core in sorted(set(self.cores)):
+            keeper = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+            self.keepers.append(keeper)
+            # the idle class's weight is 3 against a host's 1024: it runs only when no host wants the core
+            os.sched_setscheduler(keeper.pid, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setaffinity(keeper.pid, {core})
 
     def _add_host(self, host: int, switch: str) -> None:
         namespace, outside, inside = self.namespace(host), f"{self.prefix}v{host}", f"{self.prefix}e{host}"
@@ -213,7 +240,8 @@ class EmulatedCluster:
         if not self.cgroups:
             return entered
         # joined before `ip netns exec`, which mounts a sysfs of the namespace's own over /sys/fs/cgroup
-        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroups[host] / "cgroup.procs"), *entered]
+        procs = self.cgroup_view / self.cgroups[host].name / "cgroup.procs"
+        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs), *entered]
 
     @property
     def enter(self) -> Path:
@@ -276,11 +304,16 @@ class EmulatedCluster:
 
     def close(self) -> None:
         self.stop_processes()
+        for keeper in self.keepers:
+            keeper.kill()
+            keeper.wait()
         for name in [*(self.namespace(host) for host in range(self.hosts)), f"{self.prefix}-sw"]:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
             shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
         for group in self.cgroups:
             _remove_cgroup(group)
+        if self.cgroup_view.is_mount():
+            subprocess.run(["umount", str(self.cgroup_view)], check=True, capture_output=True)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> EmulatedCluster:

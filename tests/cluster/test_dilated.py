@@ -3,6 +3,8 @@ tiny job across 4 hosts to exactly the weights of the same job by 4 workers on t
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -27,9 +29,14 @@ def test_a_dilated_host_has_its_share_of_a_core_and_of_the_link(dilated, project
     assert max(dilated.cores.count(core) for core in dilated.cores) <= DILATION  # D hosts to a core at most
     groups = dilated.run(3, ["cat", "/proc/self/cgroup"], env=project_env)
     assert f"{dilated.prefix}-h3" in groups  # the host's processes (and their children) are in its cgroup
-    quota = [(group / "cpu.cfs_quota_us").read_text().split()[0] if (group / "cpu.cfs_quota_us").exists()
-             else (group / "cpu.max").read_text().split()[0] for group in dilated.cgroups]
-    assert quota == ["1000"] * HOSTS  # 1 ms in every DILATION ms
+    limits = [((group / "cpu.cfs_quota_us").read_text().strip(), (group / "cpu.cfs_period_us").read_text().strip())
+              if (group / "cpu.cfs_quota_us").exists() else tuple((group / "cpu.max").read_text().split())
+              for group in dilated.cgroups]
+    slice_us = 1000 * dilated.slice_ms
+    assert limits == [(str(slice_us), str(slice_us * DILATION))] * HOSTS  # a slice in every DILATION slices
+    keeping = [os.sched_getaffinity(keeper.pid) for keeper in dilated.keepers]
+    assert keeping == [{core} for core in sorted(set(dilated.cores))]  # a keeper on each core the hosts use
+    assert {os.sched_getscheduler(keeper.pid) for keeper in dilated.keepers} == {os.SCHED_IDLE}
     shaped = dilated.run(1, ["tc", "qdisc", "show", "dev", "eth0"], env=project_env)
     assert "rate 500Mbit" in shaped
 
