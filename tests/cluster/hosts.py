@@ -8,7 +8,7 @@ More hosts than cores are emulated by time dilation (`dilation` D): each host ge
 link at 1/D of `rate`, so every host computes and sends D times slower than the machine it stands for, and
 times measured on the cluster, divided by D, estimate that machine's. Each core the hosts use also runs a
 keeper, a spinning process of the idle scheduling class: it takes only time no host wants, and so the
-virtual CPU never idles, which on a VM costs a host about half its speed (the hypervisor lends the idle
+virtual CPU never idles, which on a VM cost a host up to half its speed (the hypervisor lends the idle
 core away and the host returns to a cold one; benchmarks/results/README.md, Time dilation). What dilation
 cannot slow: the kernel's per-message cost and the wake-up of a waiting process (a message is relatively D
 times cheaper), and caches, which D hosts on one core share; and a host that waits for a message may wait up
@@ -38,7 +38,7 @@ from shoal.plan.calibrate import parse_rate
 SUBNET = "10.77.0"
 TMP = Path("/tmp")
 # a host's turn on its core: 1 ms slices made a dilated averaging epoch 1.45x too long (each turn resumes
-# cold), 50 ms ones stretch a sync step's wait for a peer's turn; 10 ms was within 18% for both (README)
+# cold), 50 ms ones stretch a sync step's wait for a peer's turn; 10 ms: sync 1.03x, averaging 1.21x (README)
 SLICE_MS = 10
 _BUILT = itertools.count()  # clusters built by this process; names stay within Linux's 15 characters
 CHECKOUT = Path(__file__).resolve().parents[2]
