@@ -19,9 +19,15 @@ RESULTS = ROOT / "benchmarks" / "results"
 WORK = ROOT / "benchmarks" / "work"  # generated data and runs; ignored by git
 
 
-def exit_on_sigterm() -> None:
-    """SIGTERM (as `timeout` sends) ends the script as an exception would, so that its `with` blocks close what
-    they built (an emulated cluster's namespaces, cgroups and keepers)."""
+def require_cluster(script: str, hosts: int, dilation: int = 1) -> None:
+    """Exit with the reason when an emulated cluster of `hosts` (dilated by `dilation`) cannot be built here; else
+    have SIGTERM (as `timeout` sends) end the script as an exception would, so that its `with` blocks close what
+    they built (namespaces, cgroups, keepers)."""
+    from tests.cluster.hosts import missing_requirements
+
+    reason = missing_requirements(hosts, dilation)
+    if reason:
+        sys.exit(f"{script}: {reason}")
     signal.signal(signal.SIGTERM, lambda number, _frame: sys.exit(128 + number))
 
 

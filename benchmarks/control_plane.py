@@ -29,9 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-from tests.cluster.hosts import EmulatedCluster, missing_requirements
+from tests.cluster.hosts import EmulatedCluster
 
-from benchmarks.common import WORK, exit_on_sigterm, machine, machine_line, write_result
+from benchmarks.common import WORK, machine, machine_line, require_cluster, write_result
 from benchmarks.elastic import events_of, finish, start, wait_for_epoch
 from shoal.data.synthetic import synth_digits
 from shoal.events import Checkpoint, JobResumed, JobStart
@@ -132,11 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     # the arrival starts slowly (1/D of a core): it must find epochs left to join
     parser.add_argument("--epochs", type=int, default=20)
     args = parser.parse_args(argv)
-    exit_on_sigterm()
     sizes = [int(size) for size in args.sizes.split(",")]
-    reason = missing_requirements(max(sizes), args.dilation)
-    if reason:
-        sys.exit(f"benchmarks.control_plane: {reason}")
+    require_cluster("benchmarks.control_plane", max(sizes), args.dilation)
     began = time.monotonic()
     rows = []
     for hosts in sizes:

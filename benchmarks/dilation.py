@@ -16,15 +16,15 @@ expected; the table says by how much.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 
-from tests.cluster.hosts import SLICE_MS, EmulatedCluster, missing_requirements
+from tests.cluster.hosts import SLICE_MS, EmulatedCluster
 from tests.cluster.jobs import log_of, start_on_two_hosts
 
-from benchmarks.common import ROOT, WORK, exit_on_sigterm, machine, machine_line, write_result
+from benchmarks import comm
+from benchmarks.common import WORK, machine, machine_line, require_cluster, write_result
 from shoal.data.synthetic import synth_digits
 from shoal.events import read_history
 
@@ -61,7 +61,7 @@ progress = "none"
 def later_epochs(cluster: EmulatedCluster, job, name: str) -> float:
     """The median seconds of the later half of `job`'s epochs on the cluster's 2 hosts, 1 worker each."""
     run_dir = cluster.shared / name
-    launchers = start_on_two_hosts(cluster, str(job), run_dir, dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}"))
+    launchers = start_on_two_hosts(cluster, str(job), run_dir, comm.environment())
     for host, launcher in enumerate(launchers):
         if launcher.wait(timeout=3600) != 0:
             raise RuntimeError(f"host {host}: {log_of(cluster, run_dir, host)[-2000:]}")
@@ -79,10 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slice-ms", type=int, default=SLICE_MS, help="a host's turn on its core")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     args = parser.parse_args(argv)
-    exit_on_sigterm()
-    reason = missing_requirements(2, args.dilation) or missing_requirements(2)
-    if reason:
-        sys.exit(f"benchmarks.dilation: {reason}")
+    require_cluster("benchmarks.dilation", 2)
+    require_cluster("benchmarks.dilation", 2, args.dilation)
     train = WORK / f"digits-{args.rows}"
     if not train.exists():
         synth_digits(str(train), args.rows, seed=1)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -25,9 +24,10 @@ import time
 from datetime import date
 from pathlib import Path
 
-from tests.cluster.hosts import EmulatedCluster, missing_requirements
+from tests.cluster.hosts import EmulatedCluster
 
-from benchmarks.common import RESULTS, ROOT, exit_on_sigterm, hardware_tag, machine_line
+from benchmarks import comm
+from benchmarks.common import RESULTS, ROOT, hardware_tag, machine_line, require_cluster
 from benchmarks.scaling import write_claims_job
 from shoal.bench.analysis import analyze
 from shoal.bench.prediction import predict_cells
@@ -56,7 +56,7 @@ def write_job(folder: Path, rows: int, epochs: int) -> Path:
 
 
 def environment() -> dict:
-    return dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}", OMP_NUM_THREADS="1")
+    return comm.environment(OMP_NUM_THREADS="1")
 
 
 def save_profile(cluster: EmulatedCluster, job: Path, remote: str) -> Path:
@@ -119,10 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--dilation", type=int, default=8)
     args = parser.parse_args(argv)
-    exit_on_sigterm()
-    reason = missing_requirements(HOSTS, args.dilation)
-    if reason:
-        sys.exit(f"benchmarks.seeds_kennedy: {reason}")
+    require_cluster("benchmarks.seeds_kennedy", HOSTS, args.dilation)
     nodes = [int(count) for count in args.nodes.split(",")]
     folder = RESULTS / f"{date.today().isoformat()}-{hardware_tag()}-seeds-kennedy"
     began = time.monotonic()

@@ -16,17 +16,17 @@ Then at 1 and 8 trainers the same job validating on the server every 10 and ever
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tests.cluster.hosts import EmulatedCluster, missing_requirements
+from tests.cluster.hosts import EmulatedCluster
 from tests.cluster.jobs import log_of, start_on_every_host
 
-from benchmarks.common import ROOT, WORK, exit_on_sigterm, machine, machine_line, write_result
+from benchmarks import comm
+from benchmarks.common import ROOT, WORK, machine, machine_line, require_cluster, write_result
 from shoal.events import read_history
 
 EXAMPLE = ROOT / "examples" / "sequences-lstm.toml"
@@ -47,7 +47,7 @@ def make_data(rows: int) -> tuple[Path, Path]:
 
 
 def environment() -> dict:
-    return dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{ROOT}", OMP_NUM_THREADS="1")
+    return comm.environment(OMP_NUM_THREADS="1")
 
 
 def write_job(folder: Path, train: Path, test: Path, epochs: int, validate_every: int, dilation: int) -> Path:
@@ -83,10 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--dilation", type=int, default=9)
     args = parser.parse_args(argv)
-    exit_on_sigterm()
-    reason = missing_requirements(HOSTS, args.dilation)
-    if reason:
-        sys.exit(f"benchmarks.seeds_mpi_learn: {reason}")
+    require_cluster("benchmarks.seeds_mpi_learn", HOSTS, args.dilation)
     train_data, test_data = make_data(args.rows)
     began = time.monotonic()
     runs, validated = [], []
