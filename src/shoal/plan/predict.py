@@ -68,6 +68,8 @@ class Shape:
     """How the epoch's rows are shared among the trainers: "equal", or "speed" (in proportion to their speeds)."""
     parameter_shapes: tuple[tuple[int, ...], ...] = ()
     """Each trainable parameter's shape (what PowerSGD can factor); empty: priced as one vector."""
+    accumulate: int | str | None = None
+    """train.accumulate: batches summed into one update (sync's one exchange), "epoch" for a share's whole."""
 
 
 @dataclass(frozen=True)
@@ -228,9 +230,17 @@ def sync_costs(shape: Shape, layout: Layout, compute: Compute, network: Network)
     exchange = sync_exchange(shape, layout, compute, network)
     options = SyncOptions.of(shape.options)
     buffers = ring(shape.buffers * VALUE_BYTES, layout, network) if shape.buffers else 0.0
-    wait = exchange.exposed(BACKWARD_SHARE * step, options.overlap) + spread(compute, layout.workers)
-    return StepCosts(compute=step + 3 * copy_seconds(compute, shape.parameters) + exchange.compute
-                     + compute.resume(wait), round=wait, round_bytes=exchange.bytes_sent, epoch_communication=buffers)
+    if shape.accumulate == "epoch":  # cNeural's batch mode: one exchange, after a whole share's steps
+        wait = exchange.exposed(BACKWARD_SHARE * step, options.overlap) \
+            + spread(compute, layout.workers, epoch_steps(shape, layout))
+        update = 3 * copy_seconds(compute, shape.parameters) + exchange.compute + compute.resume(wait)
+        return StepCosts(compute=step, epoch_compute=update, epoch_communication=wait + buffers,
+                         epoch_bytes=exchange.bytes_sent)
+    period = int(shape.accumulate or 1)  # batches summed into each exchange and step
+    wait = exchange.exposed(BACKWARD_SHARE * step, options.overlap) + spread(compute, layout.workers, period)
+    update = 3 * copy_seconds(compute, shape.parameters) + exchange.compute + compute.resume(wait)
+    return StepCosts(compute=step + update / period, round=wait, period=period, round_bytes=exchange.bytes_sent,
+                     epoch_communication=buffers)
 
 
 def sync_exchange(shape: Shape, layout: Layout, compute: Compute, network: Network) -> StepExchange:

@@ -53,6 +53,24 @@ def test_sync_pays_a_ring_all_reduce_of_the_gradients_every_step():
     assert found.bytes_per_epoch == pytest.approx(50 * size)
 
 
+def test_sync_with_accumulated_batches_exchanges_once_per_group_and_the_leftover():
+    # 50 steps in groups of 4: 12 whole groups and the epoch's last 2 batches, 13 exchanges
+    found = predict(shape(accumulate=4), Layout(2, 1), compute(), NETWORK)
+    reduce = 2 * (1e-3 + 999 * 4 / 2 / 1e6)
+    assert found.steps == 50
+    assert found.communication_seconds == pytest.approx(13 * reduce)
+    assert found.bytes_per_epoch == pytest.approx(13 * 999 * 4)
+
+
+def test_sync_in_batch_mode_exchanges_once_an_epoch():
+    # cNeural's batch mode (accumulate = "epoch"): the whole share's gradient, one all-reduce
+    found = predict(shape(accumulate="epoch"), Layout(2, 1), compute(), NETWORK)
+    reduce = 2 * (1e-3 + 999 * 4 / 2 / 1e6)
+    assert found.communication_seconds == pytest.approx(reduce)
+    assert found.epoch_seconds == pytest.approx(50 * 0.01 + reduce)
+    assert found.bytes_per_epoch == pytest.approx(999 * 4)
+
+
 def test_averaging_each_epoch_exchanges_the_weights_once():
     found = predict(shape("averaging"), Layout(4, 1), compute(), NETWORK)
     reduce = 6 * (1e-3 + 999 * 4 / 4 / 1e6)
