@@ -16,9 +16,6 @@ file divides them by D and sets the paper's sizes beside the ones measured here.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
-import subprocess
 import sys
 import time
 from datetime import date
@@ -26,20 +23,15 @@ from pathlib import Path
 
 from tests.cluster.hosts import EmulatedCluster
 
-from benchmarks import comm
 from benchmarks.common import RESULTS, ROOT, hardware_tag, machine_line, require_cluster
 from benchmarks.scaling import write_claims_job
+from benchmarks.seeds import HOSTS, plan_errors, run_study
 from shoal.bench.analysis import analyze
-from shoal.bench.prediction import predict_cells
 from shoal.bench.study import read_trials
-from shoal.plan.profile import load_profile
 
 EXAMPLE = ROOT / "examples" / "claims-kennedy.toml"
-HOSTS = 16
 # the paper's sizes (rows) from which 2, 8 and 16 nodes paid (its Table 2 and Figure 4)
 PAPER_PAYS = {2: 6_720, 8: 57_120, 16: 1_121_120}
-PLAN_GOAL, PLAN_SHARE = 0.25, 0.80
-COPIED = ("report.md", "trials.csv", "anova.csv", "anova-two-way.csv", "tukey.csv", "study.json")
 
 
 def write_job(folder: Path, rows: int, epochs: int) -> Path:
@@ -53,18 +45,6 @@ def write_job(folder: Path, rows: int, epochs: int) -> Path:
     path = folder / "claims-kennedy.toml"
     path.write_text(job)
     return path
-
-
-def environment() -> dict:
-    return comm.environment(OMP_NUM_THREADS="1")
-
-
-def save_profile(cluster: EmulatedCluster, job: Path, remote: str) -> Path:
-    """`shoal plan --hosts host0,host1 --save-profile` run on host0: a dilated host's compute and link."""
-    profile = cluster.shared / "profile.json"
-    cluster.run(0, [sys.executable, "-m", "shoal", "plan", str(job), "--hosts", "host0,host1", "--save-profile",
-                    str(profile), "--set", f"cluster.remote={remote}"], env=environment(), timeout=1800)
-    return profile
 
 
 def counterpart(study: Path, nodes: list[int], dilation: int) -> str:
@@ -92,24 +72,6 @@ def counterpart(study: Path, nodes: list[int], dilation: int) -> str:
             + plan_errors(study, trials))
 
 
-def plan_errors(study: Path, trials: list[dict]) -> str:
-    """How far the plan's prediction (from the profile saved in `study`) is from each measured cell at 4 or more
-    nodes: the count within PLAN_GOAL, against the goal of PLAN_SHARE of the cells."""
-    cells = predict_cells(json.loads((study / "study.json").read_text()), analyze(trials), trials,
-                          load_profile(study / "profile.json"))
-    judged = [cell for cell in cells if cell.nodes >= 4]
-    within = [cell for cell in judged if abs(cell.predicted / cell.measured - 1) <= PLAN_GOAL]
-    lines = ["| rows | nodes | measured s | predicted s | predicted / measured |",
-             "| ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {cell.rows:,} | {cell.nodes} | {cell.measured:.3f} | {cell.predicted:.3f} | "
-              f"{cell.predicted / cell.measured:.2f} |" for cell in judged]
-    share = len(within) / len(judged)
-    verdict = "met" if share >= PLAN_SHARE else "missed"
-    return (f"The plan at 4 to 16 nodes (dilated seconds; the ratio does not change with D): {len(within)} of "
-            f"{len(judged)} cells within {PLAN_GOAL:.0%} ({share:.0%}; goal {PLAN_SHARE:.0%}: {verdict}).\n\n"
-            + "\n".join(lines) + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000, help="synthetic claims rows to draw the sizes from")
@@ -125,21 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     with EmulatedCluster(hosts=HOSTS, rate="1gbit", dilation=args.dilation) as cluster:
         job = write_job(cluster.shared, args.rows, args.epochs)
-        remote = f"'{cluster.enter} {{host}}'"
-        profile = save_profile(cluster, job, remote)
-        out = cluster.shared / "study"
-        hosts = ",".join(cluster.hostname(host) for host in range(HOSTS))
-        subprocess.run([sys.executable, "-m", "shoal", "bench", "scaling", str(job), "--ratios", args.ratios,
-                        "--workers", "1", "--hosts", hosts, "--nodes", args.nodes, "--trials", str(args.trials),
-                        "--out", str(out), "--no-progress", "--profile", str(profile),
-                        "--set", f"cluster.remote={remote}", "--set", f"cluster.timeout={300 * args.dilation}"],
-                       check=True, env=environment(), cwd=ROOT)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name in (*COPIED, *(path.name for path in out.glob("*.png"))):
-            if (out / name).exists():
-                shutil.copy2(out / name, folder / name)
-        shutil.copy2(profile, folder / "profile.json")
-        shutil.copy2(profile, out / "profile.json")
+        out = run_study(cluster, job, ["--ratios", args.ratios], args.nodes, args.trials, args.dilation, folder)
         compared = counterpart(out, nodes, args.dilation)
     minutes = (time.monotonic() - began) / 60
     note = (f"\n## How this result was made\n\n`python -m benchmarks.seeds_kennedy` ({minutes:.0f} minutes) on "
