@@ -230,16 +230,14 @@ def sync_costs(shape: Shape, layout: Layout, compute: Compute, network: Network)
     exchange = sync_exchange(shape, layout, compute, network)
     options = SyncOptions.of(shape.options)
     buffers = ring(shape.buffers * VALUE_BYTES, layout, network) if shape.buffers else 0.0
-    if shape.accumulate == "epoch":  # cNeural's batch mode: one exchange, after a whole share's steps
-        wait = exchange.exposed(BACKWARD_SHARE * step, options.overlap) \
-            + spread(compute, layout.workers, epoch_steps(shape, layout))
-        update = 3 * copy_seconds(compute, shape.parameters) + exchange.compute + compute.resume(wait)
+    # batches summed into each exchange and step: train.accumulate's, or the whole share's (cNeural's batch mode)
+    together = epoch_steps(shape, layout) if shape.accumulate == "epoch" else int(shape.accumulate or 1)
+    wait = exchange.exposed(BACKWARD_SHARE * step, options.overlap) + spread(compute, layout.workers, together)
+    update = 3 * copy_seconds(compute, shape.parameters) + exchange.compute + compute.resume(wait)
+    if shape.accumulate == "epoch":
         return StepCosts(compute=step, epoch_compute=update, epoch_communication=wait + buffers,
                          epoch_bytes=exchange.bytes_sent)
-    period = int(shape.accumulate or 1)  # batches summed into each exchange and step
-    wait = exchange.exposed(BACKWARD_SHARE * step, options.overlap) + spread(compute, layout.workers, period)
-    update = 3 * copy_seconds(compute, shape.parameters) + exchange.compute + compute.resume(wait)
-    return StepCosts(compute=step + update / period, round=wait, period=period, round_bytes=exchange.bytes_sent,
+    return StepCosts(compute=step + update / together, round=wait, period=together, round_bytes=exchange.bytes_sent,
                      epoch_communication=buffers)
 
 
