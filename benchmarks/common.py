@@ -88,3 +88,9 @@ def epoch_seconds(history: History, skip_first: bool = True) -> list[float]:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def later_median(seconds: list[float]) -> float:
+    """The median of the later half of a run's epochs: the first ones overlap the start-up's tail (longest on
+    dilated hosts, which start D times slower)."""
+    return statistics.median(seconds[len(seconds) // 2:])

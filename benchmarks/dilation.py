@@ -24,7 +24,7 @@ from tests.cluster.hosts import SLICE_MS, EmulatedCluster
 from tests.cluster.jobs import log_of, start_on_two_hosts
 
 from benchmarks import comm
-from benchmarks.common import WORK, machine, machine_line, require_cluster, write_result
+from benchmarks.common import WORK, later_median, machine, machine_line, require_cluster, write_result
 from shoal.data.synthetic import synth_digits
 from shoal.events import read_history
 
@@ -65,8 +65,7 @@ def later_epochs(cluster: EmulatedCluster, job, name: str) -> float:
     for host, launcher in enumerate(launchers):
         if launcher.wait(timeout=3600) != 0:
             raise RuntimeError(f"host {host}: {log_of(cluster, run_dir, host)[-2000:]}")
-    epochs = read_history(run_dir).epochs
-    return statistics.median(epoch.seconds for epoch in epochs[len(epochs) // 2:])
+    return later_median([epoch.seconds for epoch in read_history(run_dir).epochs])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,14 @@ def environment() -> dict:
     return comm.environment(OMP_NUM_THREADS="1")
 
 
+def synth(kind: str, rows: int, seed: int, out: Path) -> Path:
+    """`shoal data synth KIND` into `out`, made once (a later run finds it there)."""
+    if not out.exists():
+        subprocess.run([sys.executable, "-m", "shoal", "data", "synth", kind, "--rows", str(rows), "--seed",
+                        str(seed), "--out", str(out)], check=True, env=environment(), cwd=ROOT)
+    return out
+
+
 def save_profile(cluster: EmulatedCluster, job: Path, remote: str) -> Path:
     """`shoal plan --hosts host0,host1 --save-profile` run on host0: a dilated host's compute and link."""
     profile = cluster.shared / "profile.json"

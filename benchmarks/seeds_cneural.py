@@ -15,7 +15,6 @@ share (`data_loaded`); epoch time is the training time over the epochs. counterp
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from datetime import date
@@ -27,8 +26,8 @@ matplotlib.use("Agg")
 from matplotlib import pyplot  # noqa: E402
 from tests.cluster.hosts import EmulatedCluster  # noqa: E402
 
-from benchmarks.common import RESULTS, ROOT, WORK, hardware_tag, machine_line, require_cluster  # noqa: E402
-from benchmarks.seeds import HOSTS, environment, plan_errors, run_study  # noqa: E402
+from benchmarks.common import RESULTS, WORK, hardware_tag, machine_line, require_cluster  # noqa: E402
+from benchmarks.seeds import HOSTS, plan_errors, run_study, synth  # noqa: E402
 from shoal.bench.study import read_trials  # noqa: E402
 
 # cNeural's published anchors (its one-machine epoch; its abstract's claim) and what `shoal plan` made of them on
@@ -60,11 +59,7 @@ loss = "cross_entropy"
 
 def digits(rows: int) -> Path:
     """`rows` synthetic digits, made once under benchmarks/work/cneural."""
-    train = WORK / "cneural" / f"digits-{rows}"
-    if not train.exists():
-        subprocess.run([sys.executable, "-m", "shoal", "data", "synth", "digits", "--rows", str(rows), "--seed", "1",
-                        "--out", str(train)], check=True, env=environment(), cwd=ROOT)
-    return train
+    return synth("digits", rows, 1, WORK / "cneural" / f"digits-{rows}")
 
 
 def cells(trials: list[dict], dilation: int) -> dict[tuple[int, int], dict]:

@@ -16,8 +16,6 @@ Then at 1 and 8 trainers the same job validating on the server every 10 and ever
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,8 +23,8 @@ from pathlib import Path
 from tests.cluster.hosts import EmulatedCluster
 from tests.cluster.jobs import log_of, start_on_every_host
 
-from benchmarks import comm
-from benchmarks.common import ROOT, WORK, machine, machine_line, require_cluster, write_result
+from benchmarks.common import ROOT, WORK, later_median, machine, machine_line, require_cluster, write_result
+from benchmarks.seeds import environment, synth
 from shoal.events import read_history
 
 EXAMPLE = ROOT / "examples" / "sequences-lstm.toml"
@@ -38,16 +36,7 @@ SEED = "a speedup of about 30 at 60 GPU workers (as benchmarks/results/2026-11-2
 
 def make_data(rows: int) -> tuple[Path, Path]:
     folder = WORK / "sequences"
-    train, test = folder / f"train-{rows}", folder / "test-20000"
-    for path, count, seed in ((train, rows, 1), (test, 20_000, 2)):
-        if not path.exists():
-            subprocess.run([sys.executable, "-m", "shoal", "data", "synth", "sequences", "--rows", str(count),
-                            "--seed", str(seed), "--out", str(path)], check=True, env=environment(), cwd=ROOT)
-    return train, test
-
-
-def environment() -> dict:
-    return comm.environment(OMP_NUM_THREADS="1")
+    return synth("sequences", rows, 1, folder / f"train-{rows}"), synth("sequences", 20_000, 2, folder / "test-20000")
 
 
 def write_job(folder: Path, train: Path, test: Path, epochs: int, validate_every: int, dilation: int) -> Path:
@@ -69,8 +58,8 @@ def train(cluster: EmulatedCluster, job: Path, trainers: int, name: str, dilatio
         if launcher.wait(timeout=7200) != 0:
             raise RuntimeError(f"{name} host {host}: {log_of(cluster, run_dir, host)[-2000:]}")
     epochs = read_history(run_dir).epochs
-    later = [epoch.seconds / dilation for epoch in epochs[len(epochs) // 2:]]
-    return {"trainers": trainers, "epoch_seconds": statistics.median(later), "epochs": [e.seconds for e in epochs],
+    seconds = [epoch.seconds for epoch in epochs]
+    return {"trainers": trainers, "epoch_seconds": later_median(seconds) / dilation, "epochs": seconds,
             "accuracy": epochs[-1].test.get("accuracy")}
 
 
