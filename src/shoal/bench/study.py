@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import io
 import json
 import os
@@ -143,17 +144,32 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
             where = f" on {place.nodes} host(s)" if hosts else ""
             bar.set_postfix_str(f"size {size.label}, {place.workers} workers{where}, trial {trial}")
             if hosts:
-                done.append(run_trial_on_hosts(job, job_file, out, size, place, trial, hosts[:place.nodes]))
+                run = functools.partial(run_trial_on_hosts, job, job_file, out, size, place, trial, hosts[:place.nodes])
             else:
-                done.append(run_trial(job, out, size, place.workers, trial, available, server))
-            with _interrupt_deferred():  # a finished trial's row reaches trials.csv before Ctrl-C acts
-                write_trials(out, done)
+                run = functools.partial(run_trial, job, out, size, place.workers, trial, available, server)
+            record_trial(out, done, run)
             bar.update()
     finally:
         if server is not None:
             server.close()
         bar.close()
     return done
+
+
+def record_trial(out: Path, done: list[dict], run) -> None:
+    """Run one trial (`run` returns its row) and add its row to `done` and out/trials.csv. A trial that
+    finished keeps its row even when Ctrl-C comes as it ends: Python may raise it after the row is made
+    and before the block that holds SIGINT back begins."""
+    count = len(done)
+    try:
+        done.append(run())
+        with _interrupt_deferred():
+            write_trials(out, done)
+    except BaseException:
+        if len(done) > count:
+            with _interrupt_deferred():
+                write_trials(out, done)
+        raise
 
 
 def trial_dir(out: Path, size: Size, workers: int, trial: int) -> Path:
@@ -215,9 +231,13 @@ def run_trial_on_hosts(job: JobConfig, job_file: Path, out: Path, size: Size, pl
         last = (errors.strip().splitlines() or ["no output"])[-1]
         raise WorkerError(f"size {size.label}, {place.workers} workers on {place.nodes} host(s), trial {trial} "
                           f"(run directory {run_dir}): {last}")
-    threads = read_history(run_dir).start.threads  # as the hosts chose them
-    row = trial_row(out, run_dir, size, place.workers, trial, threads, cores() * place.nodes,
-                    time.perf_counter() - began)
+    try:
+        threads = read_history(run_dir).start.threads  # as the hosts chose them
+        row = trial_row(out, run_dir, size, place.workers, trial, threads, cores() * place.nodes,
+                        time.perf_counter() - began)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)  # stopped before its row: it leaves nothing
+        raise
     return row | {"nodes": place.nodes, "hosts": " ".join(host.name for host in hosts),
                   "trainers": trainer_count(job.to_dict(), place.workers)}
 
