@@ -139,6 +139,7 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
     server = forkserver.start() if not hosts and pending else None
     if server is not None:  # each trial's workers come imported: the study's own import is not timed either
         server.wait_ready()
+    current = None  # the run directory of the trial under way, until its row is recorded
     try:
         for trial, size, place in pending:
             where = f" on {place.nodes} host(s)" if hosts else ""
@@ -147,12 +148,20 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
                 run = functools.partial(run_trial_on_hosts, job, job_file, out, size, place, trial, hosts[:place.nodes])
             else:
                 run = functools.partial(run_trial, job, out, size, place.workers, trial, available, server)
+            current = trial_path(out, size, place.workers, trial)
             record_trial(out, done, run)
+            current = None
             bar.update()
+    except WorkerError:
+        current = None  # a failed trial's run is kept for a look
+        raise
     finally:
         if server is not None:
             server.close()
         bar.close()
+        if current is not None and not (done and done[-1]["run_dir"] == os.path.relpath(current, out)):
+            # removed again now that the server has killed any worker of the stopped trial still writing there
+            shutil.rmtree(current, ignore_errors=True)
     return done
 
 
@@ -172,9 +181,13 @@ def record_trial(out: Path, done: list[dict], run) -> None:
         raise
 
 
+def trial_path(out: Path, size: Size, workers: int, trial: int) -> Path:
+    return out / "runs" / size.label.replace(":", "-") / f"w{workers}-t{trial}"
+
+
 def trial_dir(out: Path, size: Size, workers: int, trial: int) -> Path:
     """A trial's run directory; one left by an interrupted trial is removed first."""
-    run_dir = out / "runs" / size.label.replace(":", "-") / f"w{workers}-t{trial}"
+    run_dir = trial_path(out, size, workers, trial)
     if run_dir.exists():
         shutil.rmtree(run_dir)
     return run_dir
