@@ -45,12 +45,18 @@ def save_profile(cluster: EmulatedCluster, job: Path, remote: str) -> Path:
 
 
 def run_study(cluster: EmulatedCluster, job: Path, sizes: list[str], nodes: str, trials: int, dilation: int,
-              folder: Path) -> Path:
+              folder: Path, earlier: Path | None = None) -> Path:
     """The profile, then `shoal bench scaling job *sizes` on one worker a host for each count of `nodes`; the
-    study's files and the profile copied into `folder`. Returns the study's folder (in the cluster's)."""
+    study's files and the profile copied into `folder`. Returns the study's folder (in the cluster's). With
+    `earlier` (a result folder of the same job), its trials are kept and only the cells' missing trials run,
+    as `shoal bench scaling` goes on with a study it finds."""
     remote = f"'{cluster.enter} {{host}}'"
     profile = save_profile(cluster, job, remote)
     out = cluster.shared / "study"
+    if earlier is not None:
+        out.mkdir()
+        for name in ("study.json", "trials.csv"):
+            shutil.copy2(earlier / name, out / name)
     hosts = ",".join(cluster.hostname(host) for host in range(HOSTS))
     subprocess.run([sys.executable, "-m", "shoal", "bench", "scaling", str(job), *sizes, "--workers", "1",
                     "--hosts", hosts, "--nodes", nodes, "--trials", str(trials), "--out", str(out), "--no-progress",
@@ -65,11 +71,11 @@ def run_study(cluster: EmulatedCluster, job: Path, sizes: list[str], nodes: str,
     return out
 
 
-def plan_errors(study: Path, trials: list[dict]) -> str:
-    """How far the plan's prediction (from the profile saved in `study`) is from each measured cell at 4 or more
-    nodes: the count within PLAN_GOAL, against the goal of PLAN_SHARE of the cells; and the same with the profile's
-    pace range set to 1 (see STEADY)."""
-    profile = load_profile(study / "profile.json")
+def plan_errors(study: Path, trials: list[dict], profile_path: Path | None = None) -> str:
+    """How far the plan's prediction (from the profile saved in `study`, or `profile_path`) is from each measured
+    cell at 4 or more nodes: the count within PLAN_GOAL, against the goal of PLAN_SHARE of the cells; and the same
+    with the profile's pace range set to 1 (see STEADY)."""
+    profile = load_profile(profile_path or study / "profile.json")
     steady = dataclasses.replace(profile, compute=dataclasses.replace(profile.compute, pace_range=1.0))
     job, analysis = json.loads((study / "study.json").read_text()), analyze(trials)
     judged = [cell for cell in predict_cells(job, analysis, trials, profile) if cell.nodes >= 4]

@@ -10,12 +10,15 @@ and host1, so the report sets the plan's prediction beside every cell. The repor
 cluster's (ANOVA, Tukey's groups and the plan's relative error do not change with the scale); the counterpart
 file divides them by D and sets the paper's sizes beside the ones measured here.
 
-    .venv/bin/python -m benchmarks.seeds_kennedy         # about 45 minutes on 2 cores
+    .venv/bin/python -m benchmarks.seeds_kennedy         # about 100 minutes on 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
+import statistics
 import sys
 import time
 from datetime import date
@@ -28,6 +31,7 @@ from benchmarks.scaling import write_claims_job
 from benchmarks.seeds import HOSTS, plan_errors, run_study
 from shoal.bench.analysis import analyze
 from shoal.bench.study import read_trials
+from shoal.plan.profile import load_profile
 
 EXAMPLE = ROOT / "examples" / "claims-kennedy.toml"
 # the paper's sizes (rows) from which 2, 8 and 16 nodes paid (its Table 2 and Figure 4)
@@ -53,11 +57,13 @@ def counterpart(study: Path, nodes: list[int], dilation: int) -> str:
     trials = read_trials(study)
     lines = ["| nodes | against | paper: pays from (rows) | shoal: first faster at | shoal: faster from (rows) |",
              "| ---: | ---: | ---: | ---: | ---: |"]
-    for found in analyze(trials).thresholds:
+    analysis = analyze(trials)
+    for found in analysis.thresholds:
         first = f"{found.first_size:,}" if found.first_size else "no size measured"
         ours = f"{found.from_size:,}" if found.from_size else "no size measured"
         paper = f"{PAPER_PAYS[found.workers]:,}" if found.workers in PAPER_PAYS else ""
         lines.append(f"| {found.workers} | {found.fewer} | {paper} | {first} | {ours} |")
+    lines += unproven(analysis)
     cells: dict[tuple[int, int], list[float]] = {}
     for row in trials:
         cells.setdefault((row["rows"], row["workers"]), []).append(row["train_seconds"])
@@ -72,14 +78,76 @@ def counterpart(study: Path, nodes: list[int], dilation: int) -> str:
             + plan_errors(study, trials))
 
 
+def unproven(analysis) -> list[str]:
+    """For a node count found faster at no size: at the largest size, its mean time against the next smaller
+    count's and Tukey's adjusted p (the test pools every count's variance, the slowest's widest)."""
+    largest = max(analysis.sizes, key=lambda size: size.rows)
+    notes = []
+    for found in analysis.thresholds:
+        pair = next((item for item in largest.comparisons if (item.first, item.second) == (found.fewer, found.workers)),
+                    None)
+        if found.from_size is None and pair is not None:
+            fewer, more = largest.cells[found.fewer].mean, largest.cells[found.workers].mean
+            spread = max(cell.deviation or 0.0 for cell in largest.cells.values())
+            notes.append(f"\nAt {largest.rows:,} rows {found.workers} nodes took {more:.1f} s (dilated) against "
+                         f"{fewer:.1f} s on {found.fewer}, {fewer / more:.2f}x faster, but Tukey's adjusted p is "
+                         f"{pair.p_value:.3f}: its test pools the variance of every node count, and the widest "
+                         f"standard deviation there is {spread:.1f} s.")
+    return notes
+
+
+def earlier_profile(study: Path, earlier: Path, folder: Path) -> str:
+    """The plan's table again from the earlier run's profile (kept in `folder` as profile-earlier.json): the
+    same machine profiled twice, so how far the plan moves with its profile alone."""
+    shutil.copy2(earlier / "profile.json", folder / "profile-earlier.json")
+    mine, theirs = (load_profile(path).compute for path in (study / "profile.json", folder / "profile-earlier.json"))
+    batch = json.loads((study / "study.json").read_text())["job"]["train"]["batch_size"]
+    kept = {(row["size"], row["workers"], row["trial"]) for row in read_trials(earlier)}
+    runs: dict[tuple[str, int, bool], list[float]] = {}
+    for row in read_trials(study):
+        runs.setdefault((row["size"], row["workers"], (row["size"], row["workers"], row["trial"]) in kept),
+                        []).append(row["train_seconds"])
+    ratios = [statistics.mean(runs[size, workers, False]) / statistics.mean(seconds)
+              for (size, workers, old), seconds in runs.items() if old and (size, workers, False) in runs]
+    return (f"\n## The same trials against the earlier run's profile\n\nThe machine was profiled again for this run. "
+            f"The profile's real-loop factor at batch {batch} (a short one-worker job's step over the probed step) "
+            f"read {mine.loop_factors[batch]:.2f} now and {theirs.loop_factors[batch]:.2f} in the earlier run, its "
+            f"probed step {mine.step_seconds[batch] * 1e3:.2f} and {theirs.step_seconds[batch] * 1e3:.2f} ms, while "
+            f"the trials of both runs agree: per cell measured in both, the mean training time of this run's trials "
+            f"over the earlier run's is {statistics.median(ratios):.2f} (median of {len(ratios)} cells; "
+            f"{min(ratios):.2f} to {max(ratios):.2f}). From the earlier profile (profile-earlier.json):\n\n"
+            + plan_errors(study, read_trials(study), folder / "profile-earlier.json"))
+
+
+def resumed(earlier: Path | None, kept: int) -> str:
+    if earlier is None:
+        return ""
+    return (f" {kept} of the trials were kept from an earlier result of this study (the same job, code of training "
+            "and machine) and the others run now, in the study's random order.")
+
+
+def write_counterpart(folder: Path, dilation: int, trials: int, compared: str, note: str) -> None:
+    (folder / "counterpart.md").write_text(f"""# Kennedy et al. beside shoal: from which size more nodes pay
+
+The paper: Medicare Part B claims, Keras on 1-16 commodity nodes, 20 trials a cell. shoal: the same worker
+(examples/claims-kennedy.toml) on synthetic claims, 16 emulated hosts dilated by {dilation}, {trials}
+trials a cell (report.md: the ANOVA tables, Tukey's groups, the box plots and the plan's predictions). A node
+count pays from the smallest size at which Tukey's test finds it faster than the next smaller count, there and at
+every larger size measured (the paper reads its sizes off Tukey's groups, its Table 2).
+
+{compared}{note}""")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000, help="synthetic claims rows to draw the sizes from")
-    parser.add_argument("--ratios", default="1:1,1:5,1:10,1:50,1:100")
+    parser.add_argument("--ratios", default="1:1,1:5,1:10,1:50,1:100,1:400")
     parser.add_argument("--nodes", default="1,2,4,8,16")
     parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--dilation", type=int, default=8)
+    parser.add_argument("--resume", type=Path, help="a result folder of this study whose trials are kept: only the "
+                        "missing ones run (its report says how many came from each run)")
     args = parser.parse_args(argv)
     require_cluster("benchmarks.seeds_kennedy", HOSTS, args.dilation)
     nodes = [int(count) for count in args.nodes.split(",")]
@@ -87,26 +155,22 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     with EmulatedCluster(hosts=HOSTS, rate="1gbit", dilation=args.dilation) as cluster:
         job = write_job(cluster.shared, args.rows, args.epochs)
-        out = run_study(cluster, job, ["--ratios", args.ratios], args.nodes, args.trials, args.dilation, folder)
+        kept = len(read_trials(args.resume)) if args.resume else 0
+        out = run_study(cluster, job, ["--ratios", args.ratios], args.nodes, args.trials, args.dilation, folder,
+                        earlier=args.resume)
         compared = counterpart(out, nodes, args.dilation)
+        if args.resume is not None:
+            compared += earlier_profile(out, args.resume, folder)
     minutes = (time.monotonic() - began) / 60
     note = (f"\n## How this result was made\n\n`python -m benchmarks.seeds_kennedy` ({minutes:.0f} minutes) on "
             f"{machine_line()}: the emulated cluster of {HOSTS} hosts dilated by D = {args.dilation} (each host "
             f"1/{args.dilation} of a core and of a 1 Gbit/s link); examples/claims-kennedy.toml on {args.rows:,} "
             f"synthetic claims under-sampled to {args.ratios}, on {args.nodes} hosts (1 worker, 1 thread each), "
             f"{args.trials} trials per cell, {args.epochs} epochs. Seconds are the dilated cluster's; divide by "
-            f"{args.dilation} for the machines it stands for (counterpart.md does).\n")
+            f"{args.dilation} for the machines it stands for (counterpart.md does).{resumed(args.resume, kept)}\n")
     with open(folder / "report.md", "a", encoding="utf-8") as handle:
         handle.write(note)
-    (folder / "counterpart.md").write_text(f"""# Kennedy et al. beside shoal: from which size more nodes pay
-
-The paper: Medicare Part B claims, Keras on 1-16 commodity nodes, 20 trials a cell. shoal: the same worker
-(examples/claims-kennedy.toml) on synthetic claims, 16 emulated hosts dilated by {args.dilation}, {args.trials}
-trials a cell (report.md: the ANOVA tables, Tukey's groups, the box plots and the plan's predictions). A node
-count pays from the smallest size at which Tukey's test finds it faster than the next smaller count, there and at
-every larger size measured (the paper reads its sizes off Tukey's groups, its Table 2).
-
-{compared}{note}""")
+    write_counterpart(folder, args.dilation, args.trials, compared, note)
     print(f"results: {folder}", flush=True)
     return 0
 
