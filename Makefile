@@ -100,10 +100,11 @@ bench: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.scaling
 	$(MAKE) bench-seeds
 
-# The seeds' experiments at their scale on the dilated emulated cluster (root, about 3 hours on 2 cores).
+# The seeds' experiments at their scale on the dilated emulated cluster (root, about 4 hours on 2 cores).
 bench-seeds: $(STAMP)
 	$(BIN)/python -m benchmarks.dilation --rows 200000
 	$(BIN)/python -m benchmarks.seeds_kennedy
 	$(BIN)/python -m benchmarks.seeds_cneural
 	$(BIN)/python -m benchmarks.seeds_mpi_learn
+	$(BIN)/python -m benchmarks.seeds_mpi_learn_batch
 	$(BIN)/python -m benchmarks.control_plane
