@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.cluster.hosts import EmulatedCluster
 
 from benchmarks import comm
-from benchmarks.common import ROOT
+from benchmarks.common import ROOT, machine_line
 from shoal.bench.analysis import analyze
 from shoal.bench.prediction import predict_cells
 from shoal.plan.profile import load_profile
@@ -69,6 +69,21 @@ def run_study(cluster: EmulatedCluster, job: Path, sizes: list[str], nodes: str,
     shutil.copy2(profile, folder / "profile.json")
     shutil.copy2(profile, out / "profile.json")
     return out
+
+
+def how_made(script: str, minutes: float, dilation: int, workload: str) -> str:
+    """The note both a study's report and its counterpart end with: the command, the cluster, `workload`."""
+    return (f"\n## How this result was made\n\n`python -m benchmarks.{script}` ({minutes:.0f} minutes) on "
+            f"{machine_line()}: the emulated cluster of {HOSTS} hosts dilated by D = {dilation} (each host "
+            f"1/{dilation} of a core and of a 1 Gbit/s link); {workload} Seconds are the dilated cluster's; divide "
+            f"by {dilation} for the machines it stands for (counterpart.md does).\n")
+
+
+def write_results(folder: Path, counterpart: str, note: str) -> None:
+    """`note` added to the study's report.md; counterpart.md written: `counterpart`, then the same note."""
+    with open(folder / "report.md", "a", encoding="utf-8") as handle:
+        handle.write(note)
+    (folder / "counterpart.md").write_text(counterpart + note)
 
 
 def plan_errors(study: Path, trials: list[dict], profile_path: Path | None = None) -> str:

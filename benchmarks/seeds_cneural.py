@@ -26,8 +26,8 @@ matplotlib.use("Agg")
 from matplotlib import pyplot  # noqa: E402
 from tests.cluster.hosts import EmulatedCluster  # noqa: E402
 
-from benchmarks.common import RESULTS, WORK, hardware_tag, machine_line, require_cluster  # noqa: E402
-from benchmarks.seeds import HOSTS, plan_errors, run_study, synth  # noqa: E402
+from benchmarks.common import RESULTS, WORK, hardware_tag, require_cluster  # noqa: E402
+from benchmarks.seeds import HOSTS, how_made, plan_errors, run_study, synth, write_results  # noqa: E402
 from shoal.bench.study import read_trials  # noqa: E402
 
 # cNeural's published anchors (its one-machine epoch; its abstract's claim) and what `shoal plan` made of them on
@@ -177,17 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         out = run_study(cluster, job, ["--sizes", args.sizes], args.nodes, args.trials, args.dilation, folder)
         compared = counterpart(out, folder, sizes, nodes, args.dilation)
     minutes = (time.monotonic() - began) / 60
-    note = (f"\n## How this result was made\n\n`python -m benchmarks.seeds_cneural` ({minutes:.0f} minutes) on "
-            f"{machine_line()}: the emulated cluster of {HOSTS} hosts dilated by D = {args.dilation} (each host "
-            f"1/{args.dilation} of a core and of a 1 Gbit/s link); a 784-40-10 sigmoid perceptron in batch mode on "
-            f"{', '.join(f'{size:,}' for size in sizes)} synthetic digit rows, on {args.nodes} hosts (1 worker, 1 "
-            f"thread each), {plural(args.trials, 'trial')} per cell, {plural(args.epochs, 'epoch')}. The report's "
-            f"seconds are the dilated cluster's; divide by {args.dilation} for the machines it stands for "
-            f"(counterpart.md does).\n")
-    with open(folder / "report.md", "a", encoding="utf-8") as handle:
-        handle.write(note)
-    (folder / "counterpart.md").write_text(f"# cNeural beside shoal: load and epoch time against machines\n\n"
-                                           f"{compared}{note}")
+    note = how_made("seeds_cneural", minutes, args.dilation,
+                    f"a 784-40-10 sigmoid perceptron in batch mode on {', '.join(f'{size:,}' for size in sizes)} "
+                    f"synthetic digit rows, on {args.nodes} hosts (1 worker, 1 thread each), "
+                    f"{plural(args.trials, 'trial')} per cell, {plural(args.epochs, 'epoch')}.")
+    write_results(folder, f"# cNeural beside shoal: load and epoch time against machines\n\n{compared}", note)
     print(f"results: {folder}", flush=True)
     return 0
 

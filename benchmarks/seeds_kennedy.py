@@ -26,9 +26,9 @@ from pathlib import Path
 
 from tests.cluster.hosts import EmulatedCluster
 
-from benchmarks.common import RESULTS, ROOT, hardware_tag, machine_line, require_cluster
+from benchmarks.common import RESULTS, ROOT, hardware_tag, require_cluster
 from benchmarks.scaling import write_claims_job
-from benchmarks.seeds import HOSTS, plan_errors, run_study
+from benchmarks.seeds import HOSTS, how_made, plan_errors, run_study, write_results
 from shoal.bench.analysis import analyze
 from shoal.bench.study import read_trials
 from shoal.plan.profile import load_profile
@@ -126,8 +126,8 @@ def resumed(earlier: Path | None, kept: int) -> str:
             "and machine) and the others run now, in the study's random order.")
 
 
-def write_counterpart(folder: Path, dilation: int, trials: int, compared: str, note: str) -> None:
-    (folder / "counterpart.md").write_text(f"""# Kennedy et al. beside shoal: from which size more nodes pay
+def counterpart_text(dilation: int, trials: int, compared: str) -> str:
+    return f"""# Kennedy et al. beside shoal: from which size more nodes pay
 
 The paper: Medicare Part B claims, Keras on 1-16 commodity nodes, 20 trials a cell. shoal: the same worker
 (examples/claims-kennedy.toml) on synthetic claims, 16 emulated hosts dilated by {dilation}, {trials}
@@ -135,7 +135,7 @@ trials a cell (report.md: the ANOVA tables, Tukey's groups, the box plots and th
 count pays from the smallest size at which Tukey's test finds it faster than the next smaller count, there and at
 every larger size measured (the paper reads its sizes off Tukey's groups, its Table 2).
 
-{compared}{note}""")
+{compared}"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,15 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume is not None:
             compared += earlier_profile(out, args.resume, folder)
     minutes = (time.monotonic() - began) / 60
-    note = (f"\n## How this result was made\n\n`python -m benchmarks.seeds_kennedy` ({minutes:.0f} minutes) on "
-            f"{machine_line()}: the emulated cluster of {HOSTS} hosts dilated by D = {args.dilation} (each host "
-            f"1/{args.dilation} of a core and of a 1 Gbit/s link); examples/claims-kennedy.toml on {args.rows:,} "
-            f"synthetic claims under-sampled to {args.ratios}, on {args.nodes} hosts (1 worker, 1 thread each), "
-            f"{args.trials} trials per cell, {args.epochs} epochs. Seconds are the dilated cluster's; divide by "
-            f"{args.dilation} for the machines it stands for (counterpart.md does).{resumed(args.resume, kept)}\n")
-    with open(folder / "report.md", "a", encoding="utf-8") as handle:
-        handle.write(note)
-    write_counterpart(folder, args.dilation, args.trials, compared, note)
+    note = how_made("seeds_kennedy", minutes, args.dilation,
+                    f"examples/claims-kennedy.toml on {args.rows:,} synthetic claims under-sampled to {args.ratios}, "
+                    f"on {args.nodes} hosts (1 worker, 1 thread each), {args.trials} trials per cell, {args.epochs} "
+                    f"epochs.{resumed(args.resume, kept)}")
+    write_results(folder, counterpart_text(args.dilation, args.trials, compared), note)
     print(f"results: {folder}", flush=True)
     return 0
 

@@ -139,7 +139,8 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
     server = forkserver.start() if not hosts and pending else None
     if server is not None:  # each trial's workers come imported: the study's own import is not timed either
         server.wait_ready()
-    current = None  # the run directory of the trial under way, until its row is recorded
+    current = None  # the run directory of the trial under way, until its row is recorded: a trial stopped
+    # before that leaves nothing, a failed one (WorkerError) its run for a look
     try:
         for trial, size, place in pending:
             where = f" on {place.nodes} host(s)" if hosts else ""
@@ -160,7 +161,7 @@ def run_study(job: JobConfig, out: Path, *, rows: list[int] | None = None,
             server.close()
         bar.close()
         if current is not None and not (done and done[-1]["run_dir"] == os.path.relpath(current, out)):
-            # removed again now that the server has killed any worker of the stopped trial still writing there
+            # removed once the server has killed any worker of the stopped trial still writing there
             shutil.rmtree(current, ignore_errors=True)
     return done
 
@@ -213,9 +214,6 @@ def run_trial(job: JobConfig, out: Path, size: Size, workers: int, trial: int, a
     except WorkerError as error:  # kept for a look; a rerun starts this trial afresh
         error.args = (f"size {size.label}, {workers} workers, trial {trial} (run directory {run_dir}): {error}",)
         raise
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted trial (before its row) leaves nothing
-        raise
 
 
 def run_trial_on_hosts(job: JobConfig, job_file: Path, out: Path, size: Size, place: Placement, trial: int,
@@ -238,19 +236,14 @@ def run_trial_on_hosts(job: JobConfig, job_file: Path, out: Path, size: Size, pl
         except Interrupted:
             head.send_signal(signal.SIGINT)  # the head stops every host
             head.wait()
-            shutil.rmtree(run_dir, ignore_errors=True)
             raise
     if head.returncode != 0:
         last = (errors.strip().splitlines() or ["no output"])[-1]
         raise WorkerError(f"size {size.label}, {place.workers} workers on {place.nodes} host(s), trial {trial} "
                           f"(run directory {run_dir}): {last}")
-    try:
-        threads = read_history(run_dir).start.threads  # as the hosts chose them
-        row = trial_row(out, run_dir, size, place.workers, trial, threads, cores() * place.nodes,
-                        time.perf_counter() - began)
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)  # stopped before its row: it leaves nothing
-        raise
+    threads = read_history(run_dir).start.threads  # as the hosts chose them
+    row = trial_row(out, run_dir, size, place.workers, trial, threads, cores() * place.nodes,
+                    time.perf_counter() - began)
     return row | {"nodes": place.nodes, "hosts": " ".join(host.name for host in hosts),
                   "trainers": trainer_count(job.to_dict(), place.workers)}
 
