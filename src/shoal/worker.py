@@ -211,6 +211,6 @@ def record_failure(error: BaseException) -> None:
 
 if __name__ == "__main__":
     status = main()
-    if status == 0:
+    if status in (0, EXIT_REQUEUED):  # stopped for a requeue, every rank past the barrier: as written and closed
         end_process(status)  # the run is written and closed; skip the interpreter's teardown
     sys.exit(status)

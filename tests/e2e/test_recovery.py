@@ -359,7 +359,7 @@ def test_slurms_warning_stops_at_an_epochs_end_and_the_requeued_job_continues(ta
     finally:
         for task in tasks:
             task.kill()
-    assert [task.returncode for task in tasks] == [75, 75], outputs[0][1][-2000:]
+    assert [task.returncode for task in tasks] == [75, 75], [output[1][-2000:] for output in outputs]
     end = events(run_dir, "job_end")
     assert [event["status"] for event in end] == ["interrupted"] and "requeue" in end[0]["message"]
     stopped_at = len(events(run_dir, "epoch_end"))
