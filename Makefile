@@ -105,6 +105,7 @@ bench-seeds: $(STAMP)
 	$(BIN)/python -m benchmarks.dilation --rows 200000
 	$(BIN)/python -m benchmarks.seeds_kennedy
 	$(BIN)/python -m benchmarks.seeds_cneural
+	$(BIN)/python -m benchmarks.seeds_plan
 	$(BIN)/python -m benchmarks.seeds_mpi_learn
 	$(BIN)/python -m benchmarks.seeds_mpi_learn_batch
 	$(BIN)/python -m benchmarks.control_plane

@@ -79,6 +79,14 @@ def how_made(script: str, minutes: float, dilation: int, workload: str) -> str:
             f"by {dilation} for the machines it stands for (counterpart.md does).\n")
 
 
+def resumed(earlier: Path | None, kept: int) -> str:
+    """What the note says of a study that went on with an earlier result's trials (`--resume`)."""
+    if earlier is None:
+        return ""
+    return (f" {kept} of the trials were kept from an earlier result of this study (the same job, code of training "
+            "and machine) and the others run now, in the study's random order.")
+
+
 def write_results(folder: Path, counterpart: str, note: str) -> None:
     """`note` added to the study's report.md; counterpart.md written: `counterpart`, then the same note."""
     with open(folder / "report.md", "a", encoding="utf-8") as handle:

@@ -27,7 +27,7 @@ from matplotlib import pyplot  # noqa: E402
 from tests.cluster.hosts import EmulatedCluster  # noqa: E402
 
 from benchmarks.common import RESULTS, WORK, hardware_tag, require_cluster  # noqa: E402
-from benchmarks.seeds import HOSTS, how_made, plan_errors, run_study, synth, write_results  # noqa: E402
+from benchmarks.seeds import HOSTS, how_made, plan_errors, resumed, run_study, synth, write_results  # noqa: E402
 from shoal.bench.study import read_trials  # noqa: E402
 
 # cNeural's published anchors (its one-machine epoch; its abstract's claim) and what `shoal plan` made of them on
@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=1)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--dilation", type=int, default=8)
+    parser.add_argument("--resume", type=Path, help="a result folder of this study whose trials are kept: only the "
+                        "missing ones run (its report says how many came from each run)")
     args = parser.parse_args(argv)
     require_cluster("benchmarks.seeds_cneural", HOSTS, args.dilation)
     sizes = sorted(int(size) for size in args.sizes.split(","))
@@ -174,13 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     train = digits(sizes[-1])
     with EmulatedCluster(hosts=HOSTS, rate="1gbit", dilation=args.dilation) as cluster:
         job = write_job(cluster.shared, train, args.epochs)
-        out = run_study(cluster, job, ["--sizes", args.sizes], args.nodes, args.trials, args.dilation, folder)
+        kept = len(read_trials(args.resume)) if args.resume else 0
+        out = run_study(cluster, job, ["--sizes", args.sizes], args.nodes, args.trials, args.dilation, folder,
+                        earlier=args.resume)
         compared = counterpart(out, folder, sizes, nodes, args.dilation)
     minutes = (time.monotonic() - began) / 60
     note = how_made("seeds_cneural", minutes, args.dilation,
                     f"a 784-40-10 sigmoid perceptron in batch mode on {', '.join(f'{size:,}' for size in sizes)} "
                     f"synthetic digit rows, on {args.nodes} hosts (1 worker, 1 thread each), "
-                    f"{plural(args.trials, 'trial')} per cell, {plural(args.epochs, 'epoch')}.")
+                    f"{plural(args.trials, 'trial')} per cell, {plural(args.epochs, 'epoch')}."
+                    f"{resumed(args.resume, kept)}")
     write_results(folder, f"# cNeural beside shoal: load and epoch time against machines\n\n{compared}", note)
     print(f"results: {folder}", flush=True)
     return 0

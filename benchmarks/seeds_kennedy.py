@@ -28,7 +28,7 @@ from tests.cluster.hosts import EmulatedCluster
 
 from benchmarks.common import RESULTS, ROOT, hardware_tag, require_cluster
 from benchmarks.scaling import write_claims_job
-from benchmarks.seeds import HOSTS, how_made, plan_errors, run_study, write_results
+from benchmarks.seeds import HOSTS, how_made, plan_errors, resumed, run_study, write_results
 from shoal.bench.analysis import analyze
 from shoal.bench.study import read_trials
 from shoal.plan.profile import load_profile
@@ -117,13 +117,6 @@ def earlier_profile(study: Path, earlier: Path, folder: Path) -> str:
             f"over the earlier run's is {statistics.median(ratios):.2f} (median of {len(ratios)} cells; "
             f"{min(ratios):.2f} to {max(ratios):.2f}). From the earlier profile (profile-earlier.json):\n\n"
             + plan_errors(study, read_trials(study), folder / "profile-earlier.json"))
-
-
-def resumed(earlier: Path | None, kept: int) -> str:
-    if earlier is None:
-        return ""
-    return (f" {kept} of the trials were kept from an earlier result of this study (the same job, code of training "
-            "and machine) and the others run now, in the study's random order.")
 
 
 def counterpart_text(dilation: int, trials: int, compared: str) -> str:

@@ -4,6 +4,7 @@ tiny job across 4 hosts to exactly the weights of the same job by 4 workers on t
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -37,6 +38,10 @@ def test_a_dilated_host_has_its_share_of_a_core_and_of_the_link(dilated, project
     keeping = [os.sched_getaffinity(keeper.pid) for keeper in dilated.keepers]
     assert keeping == [{core} for core in sorted(set(dilated.cores))]  # a keeper on each core the hosts use
     assert {os.sched_getscheduler(keeper.pid) for keeper in dilated.keepers} == {os.SCHED_IDLE}
+    # and a host's process finds its quota, as one in a container finds the container's CPU limit
+    quota = dilated.run(2, [sys.executable, "-c", "from shoal.plan.cpu_quota import cpu_quota; print(cpu_quota())"],
+                        env=project_env)
+    assert quota.strip() == f"Quota(cores={1 / DILATION}, period={slice_us * DILATION / 1e6})"
     shaped = dilated.run(1, ["tc", "qdisc", "show", "dev", "eth0"], env=project_env)
     assert "rate 500Mbit" in shaped
 

@@ -8,7 +8,9 @@ step times (what a per-step collective waits for); a step after idle waits of 1 
 a worker back from the network pays: its caches went cold while it waited). And one short real
 job of the model (one worker, rows drawn from its training set), between two timings of the
 probed step, gives the start-up every job pays and the real loop's step, which scales the
-probed steps: the loop's own per-step work is measured, not guessed.
+probed steps: the loop's own per-step work is measured, not guessed. Under a CPU quota tighter than
+the probe's threads (a container's limit), every timing spans many of the quota's periods
+(shoal.plan.cpu_quota.least_window): a shorter one reads where it fell among the quota's turns.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 import random
 import subprocess
 import sys
@@ -30,6 +33,7 @@ import torch
 
 from shoal.config import JobConfig
 from shoal.data.loader import ShardLoader
+from shoal.plan.cpu_quota import least_window
 from shoal.plan.profile import Compute, slowest_over_fastest
 from shoal.train.objective import EVALUATE_ROWS
 from shoal.train.prepare import allocate_model, make_optimizer, prepare
@@ -104,6 +108,7 @@ class ComputeProbe:
     def __init__(self, job: JobConfig, threads: int):
         torch.set_num_threads(threads)
         self.job, self.threads = job, threads
+        self.window = least_window(threads)
         self.prepared = prepare(job)
         train_set = self.prepared.train_set
         self.loader = ShardLoader(train_set, rank=0, world_size=max(1, train_set.rows // PROBE_ROWS), batch_size=1,
@@ -145,20 +150,30 @@ class ComputeProbe:
         inputs, labels = batch
         return self.prepared.objective(self.model(inputs), labels)
 
+    @property
+    def seconds(self) -> float:
+        """How long a quantity other than a step is timed."""
+        return max(TIMED_SECONDS, self.window)
+
+    def typical(self, samples: list[float]) -> float:
+        """A call's typical seconds: the median, which a slow moment does not move; under a CPU quota the mean,
+        as the calls that fell in the quota's pauses count as much as those that ran."""
+        return float(np.mean(samples)) if self.window else _median(samples)
+
     def step(self, batch: int) -> list[float]:
-        return timed(self.step_work(batch), seconds=TIMED_SECONDS / BLOCKS)
+        return timed(self.step_work(batch), seconds=max(TIMED_SECONDS / BLOCKS, self.window))
 
     def resume(self, batch: int) -> dict[float, float]:
         return resume_table(self.step_work(batch))
 
     def update(self) -> float:
         with torch.no_grad():
-            return _median(timed(update_work(self.model, self.job.train.optimizer)))
+            return self.typical(timed(update_work(self.model, self.job.train.optimizer), seconds=self.seconds))
 
     def copy_per_byte(self) -> float:
         source = torch.randn(max(self.parameters, 1 << 18))
         target = torch.empty_like(source)
-        return _median(timed(lambda: target.copy_(source))) / (source.numel() * 4)
+        return self.typical(timed(lambda: target.copy_(source), seconds=self.seconds)) / (source.numel() * 4)
 
     def evaluate_per_row(self) -> float:
         """Seconds per row of evaluation as the coordinator runs it (shoal.train.objective.evaluate): rows converted
@@ -169,8 +184,12 @@ class ComputeProbe:
             rows = self.evaluate_rows()
             features, labels = self.loader.features[:rows], self.loader.labels[:rows]
             step = self.prepared.evaluation_step
-            seconds = _median(timed(lambda: evaluate_rows(self.model, self.prepared.objective, step, features, labels,
-                                                          self.loader.to_tensors, batch_size=rows), at_least=3))
+
+            def work() -> None:
+                evaluate_rows(self.model, self.prepared.objective, step, features, labels, self.loader.to_tensors,
+                              batch_size=rows)
+
+            seconds = self.typical(timed(work, seconds=self.seconds, at_least=3))
         self.model.train()
         return seconds / rows
 
@@ -282,7 +301,7 @@ def timed_loop(probe: ComputeProbe, job: JobConfig, threads: int) -> tuple[float
     batch 128, their probed steps 0.68 to 0.69 ms)."""
     batch = job.train.batch_size
     before = probe.step(batch)
-    startup, real_step = measure_loop(job, threads, loop_steps(float(np.mean(before))))
+    startup, real_step = measure_loop(job, threads, loop_steps(float(np.mean(before)), probe.window))
     after = probe.step(batch)
     around = (float(np.mean(before)), float(np.mean(after)))
     return startup, loop_factor(real_step, float(np.mean(before + after))), around
@@ -299,14 +318,16 @@ LOOP_SECONDS = 2.0  # an epoch's probed length the steps are cut to, for a large
 LOOP_EPOCHS = 4  # the first warms up; the median of the others is kept
 
 
-def loop_steps(probed_step: float) -> int:
+def loop_steps(probed_step: float, window: float = 0.0) -> int:
     """Steps per epoch of the calibration job: LOOP_STEPS, fewer (not under LOOP_FEWEST) where that many probed
     steps would take over LOOP_SECONDS. The loop's own work per step is what the job measures, and beside a step
     of 20 ms or more it is small: 100 steps of 0.23 s made the calibration job some 100 s of a 7-minute
-    calibration."""
+    calibration. Under a CPU quota, as many more as make an epoch last `window` seconds (see least_window): the
+    epoch's median is timed as the probed steps are."""
     if probed_step <= 0:
         return LOOP_STEPS
-    return max(LOOP_FEWEST, min(LOOP_STEPS, int(LOOP_SECONDS / probed_step)))
+    steps = max(LOOP_FEWEST, min(LOOP_STEPS, int(LOOP_SECONDS / probed_step)))
+    return max(steps, math.ceil(window / probed_step))
 
 
 def loop_job(job: JobConfig, train: Path, threads: int) -> dict:

@@ -27,6 +27,7 @@ import numpy as np
 from shoal.cluster.interface import interface_to
 from shoal.errors import ShoalError
 from shoal.plan.costs import Link, ring_all_reduce
+from shoal.plan.cpu_quota import least_window
 
 SMALLEST = 4096  # bytes
 PROBE_SECONDS = 0.5  # per size and pattern, after warm-up
@@ -49,16 +50,24 @@ def repeat(work, seconds: float, least: int = 3) -> float:
     import torch.distributed as dist
 
     work()
-    start = time.perf_counter()
+    began = start = time.perf_counter()
     work()
     samples = [time.perf_counter() - start]  # warm already: on a 10 Mbit/s link a call of 1 MB each way is 2 s
     first = torch.tensor(samples, dtype=torch.float64)
     dist.all_reduce(first, op=dist.ReduceOp.MAX)
     count = int(min(max(seconds / max(first.item(), 1e-6), least), MAX_REPEATS))
-    for _ in range(count - 1):
-        start = time.perf_counter()
-        work()
-        samples.append(time.perf_counter() - start)
+    window, rounds = least_window(1), count - 1
+    while rounds:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            work()
+            samples.append(time.perf_counter() - start)
+        # under a CPU quota, as many more rounds as make each rank's calls span its window: a count from a first
+        # call that ran within a turn (or waited out a pause) can end after three of them. The ranks' largest
+        # shortfall decides, so both go on or stop together.
+        shortfall = torch.tensor([window - (time.perf_counter() - began)], dtype=torch.float64)
+        dist.all_reduce(shortfall, op=dist.ReduceOp.MAX)
+        rounds = count if shortfall.item() > 0 else 0
     return float(np.mean(samples))
 
 
@@ -100,18 +109,33 @@ def measure(rank: int, sizes: tuple[int, ...], seconds: float, messages: bool = 
 
 def side_by_side(burst, seconds: float) -> tuple[float, float]:
     """(this rank's burst seconds, the slowest rank's over rank 0's). Each round times the burst on both
-    hosts at once and compares the pair, so a VM's cores drifting from one minute to the next (10-20%
-    here) cancel within a round; the median of the rounds' ratios keeps one slow moment out."""
+    hosts at once, so a VM's cores drifting from one minute to the next (10-20% here) move both; each rank's
+    median over the rounds keeps one slow moment out, and the slowest median over rank 0's is the pace (a
+    median of each round's slowest over rank 0's read two even hosts as 1.08-1.18 apart: the larger of two
+    noisy timings is the larger on average). A round lasts `seconds` / 2 of wall time, and under a CPU quota
+    its periods' TURNS (shoal.plan.cpu_quota): a round of a fixed count of bursts could end after three."""
     import torch
     import torch.distributed as dist
 
-    mine, ratios = [], []
+    window = max(seconds / 2, least_window(1))
+    rounds = []
     for _ in range(PACE_ROUNDS):
-        mine.append(repeat(burst, seconds / 2))
         both = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
-        dist.all_gather(both, torch.tensor([mine[-1]], dtype=torch.float64))
-        ratios.append(max(float(each) for each in both) / float(both[0]))
-    return float(np.median(mine)), float(np.median(ratios))
+        dist.all_gather(both, torch.tensor([mean_over(burst, window)], dtype=torch.float64))
+        rounds.append([float(each) for each in both])
+    medians = [float(np.median(column)) for column in zip(*rounds, strict=True)]
+    return medians[dist.get_rank()], max(medians) / medians[0]
+
+
+def mean_over(work, seconds: float) -> float:
+    """The mean seconds of `work`, called for `seconds` of wall time (at least once, after a warm-up call)."""
+    work()
+    samples, began = [], time.perf_counter()
+    while not samples or time.perf_counter() - began < seconds:
+        start = time.perf_counter()
+        work()
+        samples.append(time.perf_counter() - start)
+    return float(np.mean(samples))
 
 
 def measure_size(rank: int, size: int, burst, bursts: tuple[float, float], seconds: float, results: dict,

@@ -50,7 +50,8 @@ def job_shape(job: JobConfig, rows: int | None = None, algorithm: str | None = N
     shape = Shape(parameters=sum(p.numel() for p in model.parameters()), buffers=buffers, parameter_shapes=shapes,
                   rows=rows if rows is not None else train_set.rows, test_rows=test_rows, batch=job.train.batch_size,
                   epochs=job.train.epochs, eval_every=job.train.eval_every, algorithm=name, options=options,
-                  groups=job.cluster.groups, accumulate=job.train.accumulate)
+                  groups=job.cluster.groups, accumulate=job.train.accumulate,
+                  validation_split=job.train.validation_split)
     if shape.groups == GROUP_BY_MACHINE and is_server(shape):  # a server takes no machine groups: one group
         shape = dataclasses.replace(shape, groups=1)
     return shape

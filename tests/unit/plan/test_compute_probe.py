@@ -81,6 +81,8 @@ def test_the_loop_factor_divides_the_real_step_by_the_probed_one_timed_before_an
     events = []
 
     class Probe:
+        window = 0.0  # no CPU quota
+
         def step(self, batch):
             events.append(("probe", batch))
             return [0.001, 0.001] if len(events) == 1 else [0.003, 0.003]
@@ -131,6 +133,22 @@ def test_the_calibration_job_takes_fewer_steps_where_they_are_long():
         [100, 100, 100, 40, 10, 10]
 
 
+def test_under_a_cpu_quota_a_calibration_epoch_spans_the_window():
+    """A host of 10 ms turns in 80 ms periods: an epoch of 5 ms steps lasts 20 periods (1.6 s), not 100 steps."""
+    assert compute_probe.loop_steps(0.005, window=1.6) == 320
+    assert compute_probe.loop_steps(0.05, window=1.6) == 40  # long steps: the 2 s cut already spans the window
+    assert compute_probe.loop_steps(0.001, window=0.0) == 100
+
+
+def test_under_a_quota_a_call_counts_at_its_mean_as_the_pauses_count_too():
+    """Seven calls ran within a turn and one waited out the period's rest: the median would price the machine at
+    its undivided speed."""
+    probe = types.SimpleNamespace(window=1.6)
+    samples = [0.001] * 7 + [0.071]
+    assert compute_probe.ComputeProbe.typical(probe, samples) == np.mean(samples)
+    assert compute_probe.ComputeProbe.typical(types.SimpleNamespace(window=0.0), samples) == 0.001
+
+
 def test_a_slow_moment_does_not_cut_the_ladder():
     """Its fastest timing prices the next size: 256 at 1 ms a row read 0.3 s once and 0.1 s after (1024: 0.4 s)."""
     timings = {16: [0.001], 64: [0.004], 256: [0.3, 0.1], 1024: [0.4], 4096: [1.6]}
@@ -176,6 +194,7 @@ def evaluation_probe(rows: int, per_row: float):
                                   prepared=types.SimpleNamespace(objective=Objective("cross_entropy", 2),
                                                                  evaluation_step=None))
     probe.evaluate_rows = lambda: compute_probe.ComputeProbe.evaluate_rows(probe)
+    probe.seconds, probe.typical = compute_probe.TIMED_SECONDS, compute_probe._median
     return probe
 
 

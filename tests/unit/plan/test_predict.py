@@ -42,6 +42,20 @@ def test_one_worker_is_its_steps_and_nothing_else():
     assert found.job_seconds == pytest.approx(5.0 + 10_000 / 1e5 + 3 * 1.0 + 3 * 1000 * 1e-5 * EVALUATION_COLD)
 
 
+def test_held_out_rows_are_validated_after_each_epoch_not_trained_on():
+    """A fifth held out of 10,000 rows: 2,000, validated by the 2 trainers after each epoch, 1,000 each; the
+    epoch's steps are the 8,000 others', and its time (epoch_end's) leaves the validation out."""
+    found = predict(shape("averaging", validation_split=0.2), Layout(2, 1), compute(), NETWORK)
+    plain = predict(shape("averaging"), Layout(2, 1), compute(), NETWORK)
+    assert found.steps == 40 and plain.steps == 50
+    assert found.validation_seconds == pytest.approx(1000 * 1e-5) and plain.validation_seconds == 0
+    assert found.epoch_seconds == pytest.approx(plain.epoch_seconds - 10 * 0.01)
+    assert found.job_seconds == pytest.approx(plain.job_seconds - 3 * 10 * 0.01 + 3 * 1000 * 1e-5)
+    # the line through job seconds against rows prices each row's share of steps and of validation
+    assert found.line.per_row == pytest.approx(
+        (1 / 1e5 + 3 * (0.8 * 0.01 / 100 + 0.2 * 1e-5)) / 2)
+
+
 def test_sync_pays_a_ring_all_reduce_of_the_gradients_every_step():
     found = predict(shape(), Layout(2, 1), compute(), NETWORK)
     size = 999 * 4  # the gradients: one bucket after the backward pass ("auto" is priced as a CPU worker's)
