@@ -3,7 +3,7 @@
 A cgroup's quota (`cpu.max` on cgroup v2; `cpu.cfs_quota_us` over `cpu.cfs_period_us` on v1) lets its
 processes run `quota` seconds of every `period`, then holds them until the next period. A process that wants
 more runs in turns: a timing over a few periods reads where it fell among the turns, not the machine's pace (on
-a host of 10 ms turns in 80 ms periods, probe rounds of 0.2 s read 5.3 and 7.1 ms for one step). The probes
+a host of 10 ms turns in 80 ms periods, probe rounds of 0.2 s read one step up to 1.55x apart). The probes
 (compute and network) time over many periods where they find a quota tighter than their threads.
 
 The cgroup is found as tools that size thread pools to a container do: the process's cgroup path
