@@ -129,13 +129,9 @@ def side_by_side(burst, seconds: float) -> tuple[float, float]:
 
 def mean_over(work, seconds: float) -> float:
     """The mean seconds of `work`, called for `seconds` of wall time (at least once, after a warm-up call)."""
-    work()
-    samples, began = [], time.perf_counter()
-    while not samples or time.perf_counter() - began < seconds:
-        start = time.perf_counter()
-        work()
-        samples.append(time.perf_counter() - start)
-    return float(np.mean(samples))
+    from shoal.plan.compute_probe import timed
+
+    return float(np.mean(timed(work, seconds, at_least=1, warm_up=1)))
 
 
 def measure_size(rank: int, size: int, burst, bursts: tuple[float, float], seconds: float, results: dict,

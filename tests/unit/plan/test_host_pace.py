@@ -4,13 +4,12 @@ slices it."""
 
 from __future__ import annotations
 
-import time
 import types
 
 import pytest
 import torch
 
-from shoal.plan import network_probe
+from shoal.plan import compute_probe, network_probe
 
 
 class TwoRanks:
@@ -56,12 +55,26 @@ def test_a_round_spans_the_quotas_window_where_there_is_one(monkeypatch):
     assert asked == [1.6] * 5 + [0.25] * 5
 
 
-def test_the_burst_is_timed_for_the_seconds_asked_and_averaged():
-    calls = []
-    began = time.perf_counter()
-    mean = network_probe.mean_over(lambda: (calls.append(1), time.sleep(0.01)), 0.1)
-    assert time.perf_counter() - began >= 0.1  # the warm-up call, then calls for 0.1 s
-    assert 0.01 <= mean < 0.1 and len(calls) >= 5
+class Clock:
+    """A clock that moves only when the timed work runs: each call takes `step` seconds, whatever the machine's
+    load."""
+
+    def __init__(self, step: float):
+        self.now, self.step, self.calls = 0.0, step, 0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def work(self) -> None:
+        self.calls += 1
+        self.now += self.step
+
+
+def test_the_burst_is_timed_for_the_seconds_asked_and_averaged(monkeypatch):
+    clock = Clock(0.005)
+    monkeypatch.setattr(compute_probe, "time", clock)
+    assert network_probe.mean_over(clock.work, 0.1) == pytest.approx(0.005)
+    assert clock.calls == 1 + 20  # the warm-up call, then calls until 0.1 s have passed
 
 
 class PeerDone(TwoRanks):
@@ -80,19 +93,16 @@ class PeerDone(TwoRanks):
 def test_under_a_quota_the_exchanges_are_timed_until_the_window_is_spanned(monkeypatch):
     """Three calls of 5 ms would do without a quota; with a window of 0.1 s, rounds of three go on until it
     has passed, and both ranks decide together after each round (one all_reduce a round)."""
-    fake = PeerDone()
+    fake, clock = PeerDone(), Clock(0.005)
     monkeypatch.setattr(torch, "distributed", fake)
-    calls = []
-
-    def work() -> None:
-        calls.append(1)
-        time.sleep(0.005)
-
+    monkeypatch.setattr(network_probe, "time", clock)
     monkeypatch.setattr(network_probe, "least_window", lambda threads: 0.0)
-    network_probe.repeat(work, seconds=0.001, least=3)
-    assert len(calls) == 4 and fake.reduced == 2  # the warm-up and three timed; the first timing and one decision
-    calls.clear()
+    assert network_probe.repeat(clock.work, seconds=0.001, least=3) == pytest.approx(0.005)
+    assert clock.calls == 4 and fake.reduced == 2  # the warm-up and three timed; the first timing and one decision
+    fake, clock = PeerDone(), Clock(0.005)
+    monkeypatch.setattr(torch, "distributed", fake)
+    monkeypatch.setattr(network_probe, "time", clock)
     monkeypatch.setattr(network_probe, "least_window", lambda threads: 0.1)
-    began = time.perf_counter()
-    mean = network_probe.repeat(work, seconds=0.001, least=3)
-    assert time.perf_counter() - began >= 0.1 and len(calls) >= 18 and 0.005 <= mean < 0.05
+    assert network_probe.repeat(clock.work, seconds=0.001, least=3) == pytest.approx(0.005)
+    # after the warm-up: three timed, then rounds of three until 0.1 s (20 calls) have passed: 21 in all
+    assert clock.calls == 1 + 21 and fake.reduced == 1 + 7
